@@ -1,0 +1,11 @@
+"""The model: plain torch (no Lightning), built from a TransformerConfig and a ScaleStrategy."""
+from .attention import CausalSelfAttention
+from .block import Block, ParallelBlock
+from .config import SIZES, MoEConfig, TransformerConfig
+from .mlp import SwiGLU
+from .transformer import ParameterCount, Transformer, count_parameters
+
+__all__ = [
+    "Block", "CausalSelfAttention", "MoEConfig", "ParallelBlock", "ParameterCount", "SIZES", "SwiGLU",
+    "Transformer", "TransformerConfig", "count_parameters",
+]

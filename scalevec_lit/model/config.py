@@ -1,0 +1,124 @@
+"""TransformerConfig: the shape of a dense or MoE decoder, and the named sizes.
+
+A dataclass that jsonargparse reads from YAML (``model.config``). The same config builds on the meta
+device for parameter counts and FLOPs without allocating (``count_parameters`` in ``transformer.py``).
+
+Plain torch only: must not import Lightning.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Literal, Optional
+
+
+@dataclass
+class MoEConfig:
+    """Mixture-of-experts MLP (token-choice top-k, dropless). See ``scalevec_lit/model/moe.py``."""
+
+    num_experts: int = 8
+    top_k: int = 2
+    expert_intermediate_size: Optional[int] = None  # default: the dense intermediate size / top_k
+    num_shared_experts: int = 0
+    router: Literal["softmax", "sigmoid"] = "softmax"
+    #: Scale sites of the MLP-input norm: one ``shared`` scale for router and experts, ``branch``
+    #: (HG: router vs experts, and gate vs up), or ``expert`` (one scale per expert and the router).
+    scales: Literal["shared", "branch", "expert"] = "branch"
+    aux_loss_coef: float = 0.01
+    z_loss_coef: float = 0.001
+    bias_balancing: bool = False  # auxiliary-loss-free balancing (DeepSeek-V3 style)
+    bias_update_rate: float = 0.001
+    first_dense_layers: int = 0  # the first N blocks keep a dense MLP
+
+
+@dataclass
+class TransformerConfig:
+    """A Llama-style decoder: RoPE, grouped-query attention, SwiGLU, Pre-Norm RMSNorm.
+
+    ``vocab_size`` and ``seq_len`` are linked from the data module by the CLI, so a recipe cannot
+    disagree with its tokenizer.
+    """
+
+    vocab_size: int = 4096
+    seq_len: int = 256
+    n_layer: int = 4
+    n_embd: int = 128
+    n_head: int = 4
+    n_kv_head: Optional[int] = None  # None: n_head (multi-head); fewer: grouped-query attention
+    head_dim: Optional[int] = None  # None: n_embd // n_head
+    intermediate_size: Optional[int] = None  # None: 8/3 n_embd rounded up to multiple_of
+    multiple_of: int = 64
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    moe: Optional[MoEConfig] = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.moe, dict):
+            self.moe = MoEConfig(**self.moe)
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        if self.head_dim is None:
+            if self.n_embd % self.n_head:
+                raise ValueError(
+                    f"model.config.n_head: {self.n_head} does not divide n_embd={self.n_embd}; "
+                    "choose n_head dividing n_embd or set head_dim"
+                )
+            self.head_dim = self.n_embd // self.n_head
+        if self.n_head % self.n_kv_head:
+            raise ValueError(
+                f"model.config.n_kv_head: {self.n_kv_head} does not divide n_head={self.n_head}; "
+                "grouped-query attention needs n_head to be a multiple of n_kv_head"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"model.config.head_dim: {self.head_dim} is odd; RoPE needs an even head_dim")
+        if self.intermediate_size is None:
+            hidden = int(8 * self.n_embd / 3)
+            self.intermediate_size = self.multiple_of * -(-hidden // self.multiple_of)
+        if self.moe is not None and self.moe.expert_intermediate_size is None:
+            self.moe.expert_intermediate_size = max(self.multiple_of, self.intermediate_size // self.moe.top_k)
+        if self.moe is not None and not 1 <= self.moe.top_k <= self.moe.num_experts:
+            raise ValueError(
+                f"model.config.moe.top_k: {self.moe.top_k} must be between 1 and num_experts={self.moe.num_experts}"
+            )
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> "TransformerConfig":
+        if name not in SIZES:
+            raise ValueError(f"unknown model size {name!r}; known: {', '.join(SIZES)}")
+        return replace(SIZES[name], **overrides)
+
+    def flops_per_token(self, seq_len: Optional[int] = None, n_active_params: Optional[int] = None) -> float:
+        """Training FLOPs per token (forward + backward): ``6 N_active + 12 L H d_head T`` (PaLM appendix B).
+
+        ``N_active`` excludes the embedding table but includes the LM head.
+        """
+        from .transformer import count_parameters  # local import: the count builds on the meta device
+
+        t = seq_len or self.seq_len
+        if n_active_params is None:
+            n_active_params = count_parameters(self).active_non_embedding
+        return 6.0 * n_active_params + 12.0 * self.n_layer * self.n_head * self.head_dim * t
+
+
+_LLAMA_VOCAB = 32000
+
+#: Named sizes. Totals are counted (embedding + untied head, baseline scales) by
+#: ``tests/test_model.py`` and stay within 3% of the name.
+SIZES: dict[str, TransformerConfig] = {
+    "dense_0.12b": TransformerConfig(
+        vocab_size=_LLAMA_VOCAB, seq_len=2048, n_layer=12, n_embd=768, n_head=12, n_kv_head=4, intermediate_size=1920
+    ),
+    "dense_0.5b": TransformerConfig(
+        vocab_size=_LLAMA_VOCAB, seq_len=2048, n_layer=24, n_embd=1280, n_head=20, n_kv_head=4, intermediate_size=3456
+    ),
+    "dense_1b": TransformerConfig(
+        vocab_size=_LLAMA_VOCAB, seq_len=2048, n_layer=18, n_embd=2048, n_head=16, n_kv_head=8, intermediate_size=5632
+    ),
+    "dense_2b": TransformerConfig(
+        vocab_size=_LLAMA_VOCAB, seq_len=2048, n_layer=26, n_embd=2560, n_head=20, n_kv_head=4, intermediate_size=7168
+    ),
+}
+
+
+def config_fields() -> list[str]:
+    return [f.name for f in fields(TransformerConfig)]

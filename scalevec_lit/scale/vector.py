@@ -1,0 +1,123 @@
+"""Scale-vector parameterizations: small modules that own their parameters and return γ.
+
+A parameterization is called with no argument and returns the effective scale vector γ of shape
+``[dim]``. It names its parameters' *parts* (``scale``; or ``magnitude`` and ``direction``) through
+``parts()``, which the registry reads. New parameterizations are new subclasses, chosen in YAML with
+``class_path`` (see ``ScaleStrategy.vector``); nothing else in the library needs to change.
+
+Plain torch only: must not import Lightning or anything above ``scalevec_lit.scale``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ScaleVector(nn.Module):
+    """Base class. Subclasses set their parameters in ``__init__(dim, ...)`` and implement ``forward``.
+
+    ``fixed_value()`` returns γ for parameterizations without parameters (``NoScale``) so that callers
+    can skip the multiply entirely; it is ``None`` for learnable ones.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = int(dim)
+
+    def forward(self) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def parts(self) -> dict[str, nn.Parameter]:
+        """Map part name -> parameter. Default: every direct parameter, by its attribute name."""
+        return dict(self.named_parameters(recurse=False))
+
+    @property
+    def is_identity(self) -> bool:
+        """True when γ ≡ 1 with no parameter: the caller may skip the multiply."""
+        return False
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class NoScale(ScaleVector):
+    """γ ≡ 1, no parameter (the paper's 'remove scale vectors' ablation)."""
+
+    def forward(self) -> torch.Tensor:
+        return torch.ones(self.dim)
+
+    @property
+    def is_identity(self) -> bool:
+        return True
+
+
+class PlainScale(ScaleVector):
+    """The standard learnable gain: γ = w, w initialised to ``init`` (1)."""
+
+    def __init__(self, dim: int, init: float = 1.0) -> None:
+        super().__init__(dim)
+        self.init = float(init)
+        self.scale = nn.Parameter(torch.full((dim,), self.init))
+
+    def forward(self) -> torch.Tensor:
+        return self.scale
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.scale, self.init)
+
+
+class UnitOffsetScale(ScaleVector):
+    """Gemma's form: γ = 1 + w, w initialised to 0 (weight decay then pulls γ toward 1, not 0)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim)
+        self.scale = nn.Parameter(torch.zeros(dim))
+
+    def forward(self) -> torch.Tensor:
+        return 1.0 + self.scale
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.scale)
+
+
+def _unit_rms(alpha: torch.Tensor, eps: float) -> torch.Tensor:
+    return alpha * torch.rsqrt(alpha.pow(2).mean() + eps)
+
+
+class MagnitudeDirectionScale(ScaleVector):
+    """OR (our form of the paper's magnitude-direction split): γ = β · α / RMS(α).
+
+    β is a scalar magnitude (init ``magnitude_init``), α a direction vector (init 1), so γ starts at β.
+    The exact formula of the paper is not public; this is the project's stated interpretation.
+    """
+
+    def __init__(self, dim: int, magnitude_init: float = 1.0, eps: float = 1e-12) -> None:
+        super().__init__(dim)
+        self.magnitude_init = float(magnitude_init)
+        self.eps = float(eps)
+        self.magnitude = nn.Parameter(torch.full((1,), self.magnitude_init))
+        self.direction = nn.Parameter(torch.ones(dim))
+
+    def forward(self) -> torch.Tensor:
+        return self.magnitude * _unit_rms(self.direction, self.eps)
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.magnitude, self.magnitude_init)
+        nn.init.ones_(self.direction)
+
+
+class ExpMagnitudeDirectionScale(ScaleVector):
+    """ER (our form): γ = exp(b) · α / RMS(α), scalar b (init 0), vector α (init 1)."""
+
+    def __init__(self, dim: int, eps: float = 1e-12) -> None:
+        super().__init__(dim)
+        self.eps = float(eps)
+        self.magnitude = nn.Parameter(torch.zeros(1))
+        self.direction = nn.Parameter(torch.ones(dim))
+
+    def forward(self) -> torch.Tensor:
+        return self.magnitude.exp() * _unit_rms(self.direction, self.eps)
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.magnitude)
+        nn.init.ones_(self.direction)
