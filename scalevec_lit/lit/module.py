@@ -1,0 +1,198 @@
+"""CausalLM: the LightningModule that trains a ``Transformer`` with next-token cross-entropy.
+
+The model is built in ``configure_model`` (so that sharded strategies can build it on the meta device
+and shard it, see ``parallel.py``); the optimizer arrives as an ``OptimizerCallable`` and is given
+parameter groups built from the scale registry (``optim.py``).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from typing import Any, Callable, Iterable, Literal, Optional
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torchmetrics.aggregation import MeanMetric
+
+from ..model.block import Block
+from ..model.config import TransformerConfig
+from ..model.transformer import BlockFactory, Transformer, count_parameters
+from ..scale.strategy import ScaleStrategy
+from .optim import build_param_groups, describe_groups, instantiate_optimizer
+from .parallel import ParallelOptions, parallelize
+from .schedules import Schedule, WarmupCosine
+
+OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
+
+
+def _adamw(params: Iterable) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised by the ``stop`` policy when the loss is NaN or infinite."""
+
+
+class CausalLM(L.LightningModule):
+    """Pre-train a decoder-only language model whose scale vectors follow ``strategy``.
+
+    Args:
+        config: the model shape (``vocab_size`` is replaced by ``vocab_size`` below when given).
+        strategy: scale-vector strategy (presets in ``recipes/strategy/``).
+        block: block class, ``(config, layer, strategy) -> nn.Module``; subclass ``Block`` to experiment.
+        optimizer: optimizer factory called with parameter groups (YAML: ``class_path: torch.optim.AdamW``).
+        schedule: learning-rate schedule (default: warmup 100 steps + cosine to 10%).
+        param_groups: per-kind options (``matrix``, ``embedding``, ``head``, ``vector``, ``scale``).
+        vocab_size: linked from the data module's tokenizer by the CLI.
+        nonfinite: what a NaN/Inf loss does: ``skip`` the step (counted in ``train/skipped_steps``;
+            single process only), ``stop`` (save ``nonfinite.ckpt`` beside the checkpoints, then raise), or ``raise``.
+        parallel: FSDP2 options used under ``ModelParallelStrategy`` (activation checkpointing, compile,
+            mixed precision).
+        compile: ``torch.compile`` each block (also without FSDP).
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig = TransformerConfig(),
+        strategy: ScaleStrategy = ScaleStrategy(),
+        block: BlockFactory = Block,
+        optimizer: OptimizerFactory = _adamw,
+        schedule: Optional[Schedule] = None,
+        param_groups: Optional[dict[str, dict[str, Any]]] = None,
+        vocab_size: Optional[int] = None,
+        nonfinite: Literal["skip", "stop", "raise"] = "stop",
+        parallel: Optional[ParallelOptions] = None,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        self.config = replace(config, vocab_size=vocab_size) if vocab_size is not None else replace(config)
+        self.strategy = strategy
+        self.block = block
+        self.optimizer_factory = optimizer
+        self.schedule = schedule if schedule is not None else WarmupCosine()
+        self.param_groups = param_groups or {}
+        self.nonfinite = nonfinite
+        self.parallel = parallel or ParallelOptions()
+        self.compile = compile
+        self.model: Optional[Transformer] = None
+        self.val_loss = MeanMetric()
+        self.tokens_seen = 0
+        self.skipped_steps = 0
+        self._t_last: Optional[float] = None
+
+    # -- model -------------------------------------------------------------------------------------
+    def build_model(self) -> Transformer:
+        """Override to build another model class; must return an ``nn.Module`` with the Transformer API."""
+        return Transformer(self.config, self.strategy, self.block)
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        mesh = getattr(self, "_device_mesh", None)
+        if mesh is not None and self.parallel.meta_init:
+            with torch.device("meta"):
+                self.model = self.build_model()
+        else:
+            self.model = self.build_model()
+        if mesh is not None or self.compile or self.parallel.activation_checkpointing:
+            parallelize(self.model, mesh, self.parallel, compile=self.compile)
+        if self.model.embed.weight.is_meta:  # materialize and initialize the local shards ourselves
+            self.model.to_empty(device=self.device if self.device.type != "meta" else "cpu")
+            self.model.reset_parameters()
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)
+
+    # -- steps -------------------------------------------------------------------------------------
+    def _loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, int]:
+        x, y = batch[:, :-1].long(), batch[:, 1:].long()
+        logits = self.model(x)
+        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()), y.numel()
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> Optional[torch.Tensor]:
+        loss, ntok = self._loss(batch)
+        aux = self.model.aux_losses()
+        total = loss + sum(aux.values()) if aux else loss
+        if not torch.isfinite(total):
+            return self._on_nonfinite(total)
+        self.tokens_seen += ntok * self.trainer.world_size
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        for name, value in aux.items():
+            self.log(f"train/{name}", value, on_step=True, on_epoch=False)
+        self.log("train/tokens", float(self.tokens_seen), on_step=True, on_epoch=False)
+        return total
+
+    def _on_nonfinite(self, loss: torch.Tensor) -> Optional[torch.Tensor]:
+        msg = f"non-finite loss {loss.item()} at step {self.global_step}"
+        if self.nonfinite == "skip":
+            if self.trainer.world_size > 1:
+                raise NonFiniteLossError(f"{msg}: model.nonfinite=skip works in single-process runs only; use stop")
+            self.skipped_steps += 1
+            self.log("train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+            rank_zero_warn(f"{msg}: step skipped ({self.skipped_steps} so far; model.nonfinite=skip)")
+            return None
+        if self.nonfinite == "stop":
+            path = self._nonfinite_checkpoint_path()
+            self.trainer.save_checkpoint(path)
+            raise NonFiniteLossError(
+                f"{msg}: stopped after saving {path} (model.nonfinite=stop); lower the learning rate or "
+                "resume from the last good checkpoint with --ckpt_path"
+            )
+        raise NonFiniteLossError(f"{msg} (model.nonfinite=raise)")
+
+    def _nonfinite_checkpoint_path(self) -> str:
+        import os
+
+        cb = self.trainer.checkpoint_callback
+        folder = getattr(cb, "dirpath", None) or self.trainer.default_root_dir
+        return os.path.join(folder, "nonfinite.ckpt")
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        loss, ntok = self._loss(batch)
+        self.val_loss.update(loss, weight=ntok)
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.val_loss.compute()
+        self.val_loss.reset()
+        self.log("val/loss", loss, prog_bar=True, sync_dist=False)
+        self.log("val/ppl", torch.exp(loss), sync_dist=False)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        now = time.perf_counter()
+        if self._t_last is not None and self.trainer.is_global_zero:
+            tokens = (batch.shape[1] - 1) * batch.shape[0] * self.trainer.world_size
+            self.log("train/tokens_per_sec", tokens / max(1e-9, now - self._t_last), on_step=True, on_epoch=False)
+        self._t_last = now
+
+    # -- optimizers --------------------------------------------------------------------------------
+    def configure_optimizers(self):
+        groups = build_param_groups(self.model, self.param_groups)
+        opt = instantiate_optimizer(self.optimizer_factory, groups)
+        rank_zero_info("optimizer parameter groups:\n" + describe_groups(opt))
+        max_steps = self.trainer.estimated_stepping_batches if self._trainer is not None else None
+        if max_steps is None or not math.isfinite(max_steps):
+            max_steps = self.schedule.max_steps or 1
+        self.schedule.with_max_steps(int(max_steps))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, self.schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
+
+    # -- start-up report and checkpoint extras --------------------------------------------------------
+    def on_fit_start(self) -> None:
+        count = count_parameters(self.config, self.strategy, self.block)
+        rank_zero_info(f"{type(self.model).__name__}: " + count.summary())
+        if not any(getattr(cb, "decays_scale_vectors", False) for cb in self.trainer.callbacks):
+            rank_zero_warn(
+                "scale vectors are not decayed: no scalevec_lit.callbacks.RoleWeightDecay among the callbacks "
+                "and the optimizer's weight decay is off for them (add --trainer.callbacks+=RoleWeightDecay)"
+            )
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["scalevec"] = {"tokens_seen": self.tokens_seen, "skipped_steps": self.skipped_steps}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        extra = checkpoint.get("scalevec", {})
+        self.tokens_seen = int(extra.get("tokens_seen", 0))
+        self.skipped_steps = int(extra.get("skipped_steps", 0))

@@ -1,0 +1,67 @@
+"""Apply FSDP2, activation checkpointing and torch.compile to a plain ``Transformer``.
+
+Model code stays free of parallelism (as torchtitan's ``parallelize.py``): ``CausalLM.configure_model``
+calls ``parallelize`` with the device mesh that Lightning's ``ModelParallelStrategy`` gives it.
+Order per block: activation checkpointing, then compile, then ``fully_shard``; the root last.
+
+Must not import Lightning.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import torch
+from torch import nn
+
+
+@dataclass
+class ParallelOptions:
+    """FSDP2 options (``model.parallel`` in YAML).
+
+    Args:
+        activation_checkpointing: recompute each block's activations in the backward pass.
+        mixed_precision: ``bf16`` = bf16 parameters and compute, fp32 gradient reductions (GPU);
+            ``fp32`` = no mixed precision.
+        reshard_after_forward: free gathered parameters after each block's forward (ZeRO-3); False keeps
+            them until the backward (ZeRO-2-like, more memory, less communication).
+        meta_init: build the model on the meta device, shard it, then materialize and initialize only the
+            local shards (needed for models that do not fit one device; the random values then depend on
+            the world size).
+    """
+
+    activation_checkpointing: bool = False
+    mixed_precision: Literal["fp32", "bf16"] = "fp32"
+    reshard_after_forward: bool = True
+    meta_init: bool = False
+
+
+def parallelize(
+    model: nn.Module, mesh: Optional["torch.distributed.device_mesh.DeviceMesh"], options: ParallelOptions,
+    compile: bool = False,
+) -> nn.Module:
+    """Wrap ``model.blocks`` in place; shard with FSDP2 when ``mesh`` is given."""
+    blocks = model.blocks
+    for i, block in enumerate(blocks):
+        if options.activation_checkpointing:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+            block = checkpoint_wrapper(block, preserve_rng_state=False)
+        if compile:
+            block.compile()
+        blocks[i] = block
+    if mesh is None:
+        return model
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dp_mesh = mesh["data_parallel"] if mesh.mesh_dim_names and "data_parallel" in mesh.mesh_dim_names else mesh
+    if options.mixed_precision == "bf16":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        mp = MixedPrecisionPolicy()
+    for i, block in enumerate(blocks):
+        # the last block's parameters are needed again right away by the backward: keep them gathered
+        reshard = options.reshard_after_forward and i < len(blocks) - 1
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=options.reshard_after_forward)
+    return model

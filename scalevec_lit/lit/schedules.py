@@ -1,0 +1,100 @@
+"""Learning-rate schedules: multipliers of the base learning rate as a function of the step.
+
+Each schedule is a small class chosen in YAML (``model.schedule: {class_path: ..., init_args: ...}``);
+``max_steps=None`` takes the trainer's total optimizer steps at fit start.
+
+Must not import Lightning.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal, Optional
+
+
+class Schedule:
+    """Base: ``multiplier(step)`` in [0, 1] with linear warmup over ``warmup_steps``."""
+
+    def __init__(self, warmup_steps: int = 0, max_steps: Optional[int] = None) -> None:
+        if warmup_steps < 0:
+            raise ValueError(f"model.schedule.warmup_steps: {warmup_steps} must be >= 0")
+        self.warmup_steps = int(warmup_steps)
+        self.max_steps = max_steps
+
+    def with_max_steps(self, max_steps: int) -> "Schedule":
+        if self.max_steps is None:
+            self.max_steps = int(max_steps)
+        if self.max_steps < self.warmup_steps:
+            raise ValueError(
+                f"model.schedule.max_steps: {self.max_steps} is shorter than warmup_steps={self.warmup_steps}; "
+                "lower the warmup or train longer"
+            )
+        return self
+
+    def warmup(self, step: int) -> float:
+        return (step + 1) / self.warmup_steps if step < self.warmup_steps else 1.0
+
+    def after_warmup(self, step: int) -> float:
+        return 1.0
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.warmup(step)
+        return self.after_warmup(step)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({args})"
+
+
+class Constant(Schedule):
+    """Warmup, then the base learning rate."""
+
+
+class WarmupCosine(Schedule):
+    """Warmup, then cosine from 1 down to ``min_lr_ratio`` at ``max_steps`` (held there after)."""
+
+    def __init__(self, warmup_steps: int = 100, min_lr_ratio: float = 0.1, max_steps: Optional[int] = None) -> None:
+        super().__init__(warmup_steps, max_steps)
+        self.min_lr_ratio = float(min_lr_ratio)
+
+    def after_warmup(self, step: int) -> float:
+        total = max(1, (self.max_steps or step + 1) - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / total)
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class WSD(Schedule):
+    """Warmup-stable-decay: warmup, a constant plateau, then a decay over the last ``decay_fraction`` of
+    ``max_steps`` to ``min_lr_ratio`` with shape ``linear``, ``cosine`` or ``1-sqrt``."""
+
+    def __init__(
+        self,
+        warmup_steps: int = 100,
+        decay_fraction: float = 0.2,
+        decay_shape: Literal["linear", "cosine", "1-sqrt"] = "1-sqrt",
+        min_lr_ratio: float = 0.0,
+        max_steps: Optional[int] = None,
+    ) -> None:
+        super().__init__(warmup_steps, max_steps)
+        if not 0.0 <= decay_fraction <= 1.0:
+            raise ValueError(f"model.schedule.decay_fraction: {decay_fraction} must be in [0, 1]")
+        if decay_shape not in ("linear", "cosine", "1-sqrt"):
+            raise ValueError(f"model.schedule.decay_shape: {decay_shape!r} is not one of linear, cosine, 1-sqrt")
+        self.decay_fraction = float(decay_fraction)
+        self.decay_shape = decay_shape
+        self.min_lr_ratio = float(min_lr_ratio)
+
+    def after_warmup(self, step: int) -> float:
+        total = self.max_steps or step + 1
+        decay_steps = int(round(self.decay_fraction * total))
+        start = total - decay_steps
+        if step < start or decay_steps == 0:
+            return 1.0
+        p = min(1.0, (step - start) / decay_steps)
+        if self.decay_shape == "linear":
+            f = 1.0 - p
+        elif self.decay_shape == "cosine":
+            f = 0.5 * (1 + math.cos(math.pi * p))
+        else:
+            f = 1.0 - math.sqrt(p)
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * f
