@@ -7,7 +7,7 @@ through the scale registry.
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -25,15 +25,12 @@ class _SourceCallbacksFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname != f"{__name__}.callbacks":
             return None
-        return importlib.machinery.PathFinder.find_spec("callbacks", [str(self.folder.parent)]) and \
-            importlib.util.spec_from_file_location(
-                fullname, self.folder / "__init__.py", submodule_search_locations=[str(self.folder)]
-            )
+        return importlib.util.spec_from_file_location(
+            fullname, self.folder / "__init__.py", submodule_search_locations=[str(self.folder)]
+        )
 
 
 _here = Path(__file__).resolve().parent
 _src_callbacks = _here.parent / "callbacks"
 if not (_here / "callbacks").is_dir() and (_src_callbacks / "__init__.py").is_file():
-    import importlib.util
-
     sys.meta_path.insert(0, _SourceCallbacksFinder(_src_callbacks))

@@ -16,6 +16,8 @@ from .lit.module import CausalLM
 
 EXTRA_COMMANDS = {
     "prepare": "scalevec_lit.data.prepare",
+    "export": "scalevec_lit.export",
+    "study": "scalevec_lit.study",
 }
 
 

@@ -19,6 +19,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from ..model.block import Block
 from ..model.config import TransformerConfig
+from ..model.spec import model_spec
 from ..model.transformer import BlockFactory, Transformer, count_parameters
 from ..scale.strategy import ScaleStrategy
 from .optim import build_param_groups, describe_groups, instantiate_optimizer
@@ -190,7 +191,11 @@ class CausalLM(L.LightningModule):
             )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["scalevec"] = {"tokens_seen": self.tokens_seen, "skipped_steps": self.skipped_steps}
+        checkpoint["scalevec"] = {
+            "tokens_seen": self.tokens_seen,
+            "skipped_steps": self.skipped_steps,
+            "spec": model_spec(self.config, self.strategy, self.block),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         extra = checkpoint.get("scalevec", {})

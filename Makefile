@@ -1,0 +1,37 @@
+# Two commands do all set-up on a fresh machine:
+#   make fit    venv + install + prepare the embedded corpus + the smoke run (CPU, a few minutes)
+#   make test   venv + install + the whole test suite
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: fit test install prepare clean tensorboard benchmark
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch is pinned inside pyproject (same resolve), so pip takes the local CPU build of torch 2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	# litdata pulls a CUDA torchvision that breaks `import lightning` (torchvision::nms): remove it
+	$(BIN)/pip uninstall -y -q torchvision || true
+	$(BIN)/python -c "import lightning, litdata, torch, scalevec_lit.callbacks; print('import check ok: torch', torch.__version__, 'lightning', lightning.__version__)"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+prepare: $(STAMP)
+	$(BIN)/python -m scalevec_lit prepare --if-missing
+
+fit: prepare
+	$(BIN)/python -m scalevec_lit fit --config recipes/smoke.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+tensorboard: $(STAMP)
+	$(BIN)/tensorboard --logdir runs
+
+clean:
+	rm -rf runs data/prepared

@@ -1,0 +1,68 @@
+"""A model's recipe as plain data: config + strategy + block, to store in checkpoints and rebuild.
+
+``model_spec(config, strategy, block)`` gives a JSON/YAML-able dict; ``build_from_spec(spec)`` gives
+back an equivalent ``Transformer`` (parameters freshly initialized; load a state dict into it).
+Classes and class factories (what jsonargparse gives for ``class_path`` + ``init_args``) are stored as
+``{"class_path": ..., "init_args": ...}``.
+
+Plain torch only: must not import Lightning.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+from typing import Any, Callable
+
+from ..scale.strategy import Placement, ScaleStrategy
+from .config import MoEConfig, TransformerConfig
+
+
+def describe_callable(fn: Callable) -> dict[str, Any]:
+    """``{"class_path", "init_args"}`` for a class, or a partial of a class (jsonargparse's form)."""
+    kwargs: dict[str, Any] = {}
+    target = fn
+    while isinstance(target, functools.partial):
+        kwargs = {**target.keywords, **kwargs}
+        target = target.args[-1] if target.args and isinstance(target.args[-1], type) else target.func
+    if not isinstance(target, type) and not callable(target):
+        raise TypeError(f"cannot describe {fn!r}: not a class or a partial of one")
+    return {"class_path": f"{target.__module__}.{target.__qualname__}", "init_args": dict(kwargs)}
+
+
+def import_object(path: str):
+    module, _, name = path.rpartition(".")
+    obj = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def rebuild_callable(desc: dict[str, Any]) -> Callable:
+    cls = import_object(desc["class_path"])
+    return functools.partial(cls, **desc.get("init_args", {})) if desc.get("init_args") else cls
+
+
+def model_spec(config: TransformerConfig, strategy: ScaleStrategy, block: Callable) -> dict[str, Any]:
+    strat = {f.name: getattr(strategy, f.name) for f in dataclasses.fields(strategy)}
+    strat["vector"] = describe_callable(strategy.vector)
+    strat["placement"] = dataclasses.asdict(strategy.placement)
+    return {"config": dataclasses.asdict(config), "strategy": strat, "block": describe_callable(block)}
+
+
+def spec_parts(spec: dict[str, Any]) -> tuple[TransformerConfig, ScaleStrategy, Callable]:
+    cfg = dict(spec["config"])
+    moe = cfg.pop("moe", None)
+    config = TransformerConfig(**cfg, moe=MoEConfig(**moe) if moe else None)
+    strat = dict(spec["strategy"])
+    strategy = ScaleStrategy(
+        **{**strat, "vector": rebuild_callable(strat["vector"]), "placement": Placement(**strat["placement"])}
+    )
+    return config, strategy, rebuild_callable(spec["block"])
+
+
+def build_from_spec(spec: dict[str, Any]):
+    from .transformer import Transformer
+
+    config, strategy, block = spec_parts(spec)
+    return Transformer(config, strategy, block)
