@@ -9,7 +9,10 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from lightning.pytorch.cli import LightningCLI
+import difflib
+import re
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from .data.datamodule import TokenDataModule
 from .lit.module import CausalLM
@@ -21,8 +24,33 @@ EXTRA_COMMANDS = {
 }
 
 
+def _known_keys(parser) -> list[str]:
+    try:
+        return [k for k in parser.get_defaults().keys() if not k.startswith("__")]
+    except Exception:  # suggestions are a courtesy; never hide the original error
+        return []
+
+
+class ScaleVecArgumentParser(LightningArgumentParser):
+    """Adds the fix to jsonargparse's errors: for an unknown key, the closest known keys."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        group = re.search(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
+        unknown = re.search(r"does not accept option '([\w.]+)'|[Uu]nrecognized arguments: --([\w.]+)", message)
+        key = f"{group.group(1)}.{group.group(2)}" if group else (unknown and (unknown.group(1) or unknown.group(2)))
+        if key:
+            parser = getattr(ex, "subcommand_parser", None) or self
+            close = difflib.get_close_matches(key, _known_keys(parser), n=3, cutoff=0.6)
+            message += f"\n  unknown key {key!r}" + (
+                f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else
+                "; run with --help or --print_config to see the accepted keys"
+            )
+        return super().error(message, ex)
+
+
 class ScaleVecCLI(LightningCLI):
-    """LightningCLI with the links between data and model."""
+    """LightningCLI with the links between data and model, and errors that suggest the fix."""
+
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.config.seq_len", "data.seq_len")
@@ -39,10 +67,11 @@ def main(args: Optional[list[str]] = None) -> None:
     ScaleVecCLI(
         CausalLM,
         TokenDataModule,
+        parser_class=ScaleVecArgumentParser,
         auto_configure_optimizers=False,
         save_config_kwargs={"overwrite": True},
         seed_everything_default=42,
-        args=argv,
+        args=args,
     )
 
 

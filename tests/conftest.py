@@ -56,3 +56,35 @@ def smoke_args(data_dir: Path, root: Path, steps: int = 20, *extra: str) -> list
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+def print_config(*args: str) -> str:
+    """In-process ``python -m scalevec_lit fit <args> --print_config``: the resolved YAML (no instantiation)."""
+    import contextlib
+    import io
+
+    from scalevec_lit.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args, "--print_config"])
+    assert exit_info.value.code in (0, None), buf.getvalue()
+    return buf.getvalue()
+
+
+def module_from_config(yaml_text: str):
+    """Instantiate the ``model:`` section of a resolved recipe as a ``CausalLM`` (model not yet built)."""
+    import yaml
+    from jsonargparse import ArgumentParser
+
+    from scalevec_lit.lit.module import CausalLM
+
+    model_section = yaml.safe_load(yaml_text)["model"]
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(CausalLM, "model")
+    cfg = parser.parse_object({"model": model_section})
+    return parser.instantiate(cfg).model
+
+
+def recipe(*parts: str) -> str:
+    return str(ROOT / "recipes" / Path(*parts))

@@ -57,7 +57,7 @@ class CausalLM(L.LightningModule):
 
     def __init__(
         self,
-        config: TransformerConfig = TransformerConfig(),
+        config: TransformerConfig = TransformerConfig.unresolved(),
         strategy: ScaleStrategy = ScaleStrategy(),
         block: BlockFactory = Block,
         optimizer: OptimizerFactory = _adamw,
@@ -69,8 +69,9 @@ class CausalLM(L.LightningModule):
         compile: bool = False,
     ) -> None:
         super().__init__()
+        # replace() re-runs __post_init__, so the unresolved default gets its derived fields here
         self.config = replace(config, vocab_size=vocab_size) if vocab_size is not None else replace(config)
-        self.strategy = strategy
+        self.strategy = strategy if strategy is not None else ScaleStrategy()
         self.block = block
         self.optimizer_factory = optimizer
         self.schedule = schedule if schedule is not None else WarmupCosine()
@@ -179,6 +180,16 @@ class CausalLM(L.LightningModule):
         self.schedule.with_max_steps(int(max_steps))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, self.schedule)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        data_vocab = getattr(dm, "vocab_size", None)
+        if data_vocab is not None and data_vocab > self.config.vocab_size:
+            raise ValueError(
+                f"model.config.vocab_size: {self.config.vocab_size} is smaller than the vocabulary ({data_vocab}) of "
+                f"the tokenizer that {getattr(dm, 'data_dir', 'the data')!r} was prepared with; token ids would fall "
+                "outside the embedding. Set it to at least the tokenizer's size (the CLI links it from the data)"
+            )
 
     # -- start-up report and checkpoint extras --------------------------------------------------------
     def on_fit_start(self) -> None:

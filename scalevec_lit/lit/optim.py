@@ -110,3 +110,123 @@ def describe_groups(opt: torch.optim.Optimizer) -> str:
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon for the hidden 2-D matrices, AdamW for everything else, as one ``torch.optim.Optimizer``.
+
+    Groups whose ``kind`` is in ``muon_kinds`` (default: ``matrix``) go to ``torch.optim.Muon`` with
+    ``muon_lr`` and ``muon_weight_decay``; every other group (embedding, head, vector, scale) goes to
+    ``torch.optim.AdamW`` with ``lr``, ``betas``, ``eps`` and ``weight_decay``. A group may also say
+    ``use_muon: true/false`` itself. Tensors of a Muon kind that are not 2-D (e.g. stacked 3-D expert
+    weights) are split off into a group ``<name>_nd`` that AdamW updates, since Muon orthogonalizes
+    matrices only.
+
+    One list ``param_groups`` and one ``state`` hold everything, so that ``LambdaLR`` schedules both
+    parts, ``state_dict``/``load_state_dict`` round-trip as for any optimizer, and ``describe_groups``
+    shows which optimizer updates each group (``all_param_groups``). The two inner optimizers are
+    re-pointed at these shared groups and state before every step.
+
+    YAML::
+
+        model:
+          optimizer:
+            class_path: scalevec_lit.lit.optim.MuonAdamW
+            init_args: {lr: 0.003, muon_lr: 0.02, weight_decay: 0.1}
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 3e-4,
+        muon_lr: float = 0.02,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.1,
+        muon_weight_decay: Optional[float] = None,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        adjust_lr_fn: Optional[str] = None,
+        muon_kinds: tuple[str, ...] = ("matrix",),
+    ) -> None:
+        groups = list(params)
+        if not groups or not all(isinstance(g, dict) for g in groups):
+            raise TypeError(
+                "model.optimizer: MuonAdamW needs parameter groups with a 'kind' key (as built from the scale "
+                "registry by scalevec_lit.lit.optim.build_param_groups), not bare tensors"
+            )
+        muon_wd = weight_decay if muon_weight_decay is None else muon_weight_decay
+        prepared: list[dict] = []
+        for g in groups:
+            g = dict(g)
+            use_muon = g.pop("use_muon", None)
+            if use_muon is None:
+                use_muon = g.get("kind") in muon_kinds
+            g["params"] = list(g["params"])
+            if use_muon:
+                names = g.pop("names", None) or [""] * len(g["params"])
+                flat = [(n, p) for n, p in zip(names, g["params"]) if p.ndim == 2]
+                other = [(n, p) for n, p in zip(names, g["params"]) if p.ndim != 2]
+                if other:  # Muon orthogonalizes matrices only: AdamW takes the rest of this kind
+                    nd = {**g, "params": [p for _, p in other], "names": [n for n, _ in other]}
+                    nd["name"] = f"{g.get('name', g.get('kind', 'group'))}_nd"
+                    nd.setdefault("lr", lr)
+                    nd.setdefault("weight_decay", weight_decay)
+                    prepared.append({**nd, "use_muon": False})
+                if not flat:
+                    continue
+                g["params"], g["names"] = [p for _, p in flat], [n for n, _ in flat]
+                g.setdefault("lr", muon_lr)
+                g.setdefault("weight_decay", muon_wd)
+            else:
+                g.setdefault("lr", lr)
+                g.setdefault("weight_decay", weight_decay)
+            g["use_muon"] = bool(use_muon)
+            prepared.append(g)
+        super().__init__(prepared, {"lr": lr, "weight_decay": weight_decay})
+        muon_groups = [g for g in self.param_groups if g["use_muon"]]
+        adam_groups = [g for g in self.param_groups if not g["use_muon"]]
+        # the inner optimizers fill their own defaults into these same group dicts
+        self._muon = (
+            torch.optim.Muon(
+                muon_groups, lr=muon_lr, weight_decay=muon_wd, momentum=momentum, nesterov=nesterov,
+                ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
+            )
+            if muon_groups
+            else None
+        )
+        self._adamw = (
+            torch.optim.AdamW(adam_groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+            if adam_groups
+            else None
+        )
+        self._sync()
+
+    def _sync(self) -> None:
+        """Point the inner optimizers at the shared groups and state (``load_state_dict`` replaces both)."""
+        for inner, flag in ((self._muon, True), (self._adamw, False)):
+            if inner is None:
+                continue
+            inner.param_groups = [g for g in self.param_groups if bool(g["use_muon"]) == flag]
+            for g in inner.param_groups:
+                for key, value in inner.defaults.items():
+                    g.setdefault(key, value)
+            inner.state = self.state
+
+    def all_param_groups(self) -> list[tuple[str, dict]]:
+        """``(optimizer name, group)`` for every group, for ``describe_groups``."""
+        return [("Muon" if g["use_muon"] else "AdamW", g) for g in self.param_groups]
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._sync()
+        if self._muon is not None:
+            self._muon.step()
+        if self._adamw is not None:
+            self._adamw.step()
+        return loss

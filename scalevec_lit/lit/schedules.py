@@ -1,7 +1,11 @@
 """Learning-rate schedules: multipliers of the base learning rate as a function of the step.
 
 Each schedule is a small class chosen in YAML (``model.schedule: {class_path: ..., init_args: ...}``);
-``max_steps=None`` takes the trainer's total optimizer steps at fit start.
+``max_steps=None`` takes the trainer's total optimizer steps at fit start (``with_max_steps``, called
+again at every fit, so a schedule object reused for a second fit follows the new length). The value at
+step ``s`` is the multiplier of the optimizer step with index ``s`` (0-based, as ``LambdaLR`` calls it):
+warmup gives ``(s + 1) / warmup_steps``, so no step runs at lr 0; decays reach their floor at
+``s = max_steps`` (the step after the last one), as Hugging Face's and torchtitan's schedules do.
 
 Must not import Lightning.
 """
@@ -18,17 +22,33 @@ class Schedule:
         if warmup_steps < 0:
             raise ValueError(f"model.schedule.warmup_steps: {warmup_steps} must be >= 0")
         self.warmup_steps = int(warmup_steps)
-        self.max_steps = max_steps
+        self.max_steps = None if max_steps is None else int(max_steps)
+        self._max_steps_fixed = max_steps is not None  # given by the user: never replaced by the trainer's
+        if self.max_steps is not None:
+            self.check()
 
     def with_max_steps(self, max_steps: int) -> "Schedule":
-        if self.max_steps is None:
+        """Set the total number of steps (the trainer's) unless the user fixed ``max_steps``."""
+        if not self._max_steps_fixed:
             self.max_steps = int(max_steps)
+        self.check()
+        return self
+
+    def check(self) -> None:
+        """Validate the schedule once ``max_steps`` is known; errors name the key, the value and the fix."""
         if self.max_steps < self.warmup_steps:
             raise ValueError(
                 f"model.schedule.max_steps: {self.max_steps} is shorter than warmup_steps={self.warmup_steps}; "
                 "lower the warmup or train longer"
             )
-        return self
+
+    def total_steps(self) -> int:
+        if self.max_steps is None:
+            raise ValueError(
+                f"model.schedule.max_steps: None; {type(self).__name__} needs the run length after warmup: set "
+                "max_steps or call with_max_steps() (CausalLM does this from the trainer at fit start)"
+            )
+        return self.max_steps
 
     def warmup(self, step: int) -> float:
         return (step + 1) / self.warmup_steps if step < self.warmup_steps else 1.0
@@ -42,7 +62,7 @@ class Schedule:
         return self.after_warmup(step)
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
         return f"{type(self).__name__}({args})"
 
 
@@ -54,11 +74,12 @@ class WarmupCosine(Schedule):
     """Warmup, then cosine from 1 down to ``min_lr_ratio`` at ``max_steps`` (held there after)."""
 
     def __init__(self, warmup_steps: int = 100, min_lr_ratio: float = 0.1, max_steps: Optional[int] = None) -> None:
-        super().__init__(warmup_steps, max_steps)
+        _check_ratio(min_lr_ratio)
         self.min_lr_ratio = float(min_lr_ratio)
+        super().__init__(warmup_steps, max_steps)
 
     def after_warmup(self, step: int) -> float:
-        total = max(1, (self.max_steps or step + 1) - self.warmup_steps)
+        total = max(1, self.total_steps() - self.warmup_steps)
         progress = min(1.0, (step - self.warmup_steps) / total)
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -75,18 +96,32 @@ class WSD(Schedule):
         min_lr_ratio: float = 0.0,
         max_steps: Optional[int] = None,
     ) -> None:
-        super().__init__(warmup_steps, max_steps)
         if not 0.0 <= decay_fraction <= 1.0:
             raise ValueError(f"model.schedule.decay_fraction: {decay_fraction} must be in [0, 1]")
         if decay_shape not in ("linear", "cosine", "1-sqrt"):
             raise ValueError(f"model.schedule.decay_shape: {decay_shape!r} is not one of linear, cosine, 1-sqrt")
+        _check_ratio(min_lr_ratio)
         self.decay_fraction = float(decay_fraction)
         self.decay_shape = decay_shape
         self.min_lr_ratio = float(min_lr_ratio)
+        super().__init__(warmup_steps, max_steps)
+
+    def decay_steps(self) -> int:
+        """Length of the decay phase: ``decay_fraction * max_steps`` rounded half up."""
+        return int(math.floor(self.decay_fraction * self.total_steps() + 0.5))
+
+    def check(self) -> None:
+        super().check()
+        start = self.max_steps - self.decay_steps()
+        if self.decay_steps() and start < self.warmup_steps:
+            raise ValueError(
+                f"model.schedule.decay_fraction: {self.decay_fraction} starts the decay at step {start}, before "
+                f"warmup_steps={self.warmup_steps} ends (max_steps={self.max_steps}); lower decay_fraction or warmup_steps"
+            )
 
     def after_warmup(self, step: int) -> float:
-        total = self.max_steps or step + 1
-        decay_steps = int(round(self.decay_fraction * total))
+        total = self.total_steps()
+        decay_steps = self.decay_steps()
         start = total - decay_steps
         if step < start or decay_steps == 0:
             return 1.0
@@ -98,3 +133,8 @@ class WSD(Schedule):
         else:
             f = 1.0 - math.sqrt(p)
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * f
+
+
+def _check_ratio(min_lr_ratio: float) -> None:
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(f"model.schedule.min_lr_ratio: {min_lr_ratio} must be in [0, 1] (a fraction of the base lr)")

@@ -28,6 +28,25 @@ class MoEConfig:
     bias_balancing: bool = False  # auxiliary-loss-free balancing (DeepSeek-V3 style)
     bias_update_rate: float = 0.001
     first_dense_layers: int = 0  # the first N blocks keep a dense MLP
+    #: Divide the top-k combine weights by their sum (so they sum to 1), as Mixtral and DeepSeek-V3.
+    route_norm: bool = True
+    #: Expert matmuls: ``grouped_mm`` (one ``torch._grouped_mm`` per projection), ``loop`` (one matmul per
+    #: expert), or ``auto`` (grouped_mm where it runs: fp32/bf16/fp16 with 16-byte aligned rows).
+    expert_matmul: Literal["auto", "grouped_mm", "loop"] = "auto"
+
+    def __post_init__(self) -> None:
+        choices = {"router": ("softmax", "sigmoid"), "scales": ("shared", "branch", "expert"),
+                   "expert_matmul": ("auto", "grouped_mm", "loop")}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(
+                    f"model.config.moe.{key}: {getattr(self, key)!r} is not one of {', '.join(allowed)}"
+                )
+        if self.num_experts < 1:
+            raise ValueError(f"model.config.moe.num_experts: {self.num_experts} must be at least 1")
+        for key in ("num_shared_experts", "first_dense_layers", "aux_loss_coef", "z_loss_coef", "bias_update_rate"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"model.config.moe.{key}: {getattr(self, key)} must not be negative")
 
 
 @dataclass
@@ -80,6 +99,20 @@ class TransformerConfig:
             raise ValueError(
                 f"model.config.moe.top_k: {self.moe.top_k} must be between 1 and num_experts={self.moe.num_experts}"
             )
+
+    @classmethod
+    def unresolved(cls, **values) -> "TransformerConfig":
+        """An instance whose derived fields (n_kv_head, head_dim, intermediate_size) stay ``None``.
+
+        Used as the default in signatures that jsonargparse reads: it takes defaults from the instance's
+        fields, and resolved values there would leak into every recipe (e.g. head_dim of the defaults).
+        Any ``dataclasses.replace`` of it resolves them.
+        """
+        obj = cls.__new__(cls)
+        for f in fields(cls):
+            value = values.get(f.name, f.default)
+            object.__setattr__(obj, f.name, value)
+        return obj
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> "TransformerConfig":

@@ -33,7 +33,7 @@ class ScaleInfo:
 
     layer: int  # block index; -1 for the final norm
     site: str  # attn_input, mlp_input, attn_proj, mlp_proj, attn_output, mlp_output, final
-    branch: str  # q, k, v, gate, up, router, head, expert<i>, shared, out
+    branch: str  # q, k, v, gate, up, router, head, shared, out; MoE: experts, expert<i>, expert<i>_gate, ...
     role: str  # input or output
     part: str = ""  # scale, magnitude, direction
 
@@ -60,7 +60,9 @@ class BranchScales(ScaleSite):
 
     With ``branch_specific`` each branch whose placement has an input side owns a scale (HG);
     otherwise those branches share one scale (branch name ``shared``): the standard RMSNorm.
-    Branches whose placement is ``output`` read the bare ``x̂``.
+    Branches whose placement is ``output`` read the bare ``x̂``. ``keys`` (branch -> scale name, ``None``
+    for the bare x̂) overrides that grouping: branches given the same name share one scale (the MoE
+    uses it for router-vs-experts scales).
     """
 
     def __init__(
@@ -73,18 +75,21 @@ class BranchScales(ScaleSite):
         site: str,
         placements: Optional[dict[str, str]] = None,
         enabled: bool = True,
+        keys: Optional[dict[str, Optional[str]]] = None,
     ) -> None:
         super().__init__()
         self.dim, self.layer, self.site, self.eps = dim, layer, site, strategy.eps
         self.branches = tuple(branches)
         placements = placements or {}
         scaled = [b for b in self.branches if enabled and has_input_side(placements.get(b, "input"))]
-        if strategy.branch_specific:
+        if keys is not None:
+            self.key = {b: (keys.get(b) if b in scaled else None) for b in self.branches}
+        elif strategy.branch_specific:
             self.key = {b: (b if b in scaled else None) for b in self.branches}
         else:
             self.key = {b: ("shared" if b in scaled else None) for b in self.branches}
-        keys = sorted({k for k in self.key.values() if k is not None}, key=list(self.key.values()).index)
-        self.scales = nn.ModuleDict({k: strategy.make_vector(dim) for k in keys})
+        names = sorted({k for k in self.key.values() if k is not None}, key=list(self.key.values()).index)
+        self.scales = nn.ModuleDict({k: strategy.make_vector(dim) for k in names})
 
     def gamma(self, branch: str) -> Optional[torch.Tensor]:
         """Effective γ of ``branch`` (``None`` when the branch reads the bare x̂)."""

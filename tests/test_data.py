@@ -1,0 +1,127 @@
+"""prepare + TokenDataModule: round trip, block shapes, disjoint split, resumable position, errors."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from scalevec_lit.data.datamodule import TokenDataModule
+from scalevec_lit.data.prepare import is_val, prepare, segments
+from scalevec_lit.data.tokenizer import DEFAULT_TOKENIZER, Tokenizer, text_files, train_bpe
+
+
+def _expected_tokens(folder: Path, split: str, tok: Tokenizer, val_fraction=0.05, segment_chars=4000) -> list[int]:
+    out = []
+    for path in text_files(folder):
+        rel = str(path.relative_to(folder))
+        for i, seg in enumerate(segments(path.read_text(encoding="utf-8"), segment_chars)):
+            if is_val(rel, i, val_fraction) == (split == "val"):
+                out.extend(tok.encode(seg))
+    return out
+
+
+def _read_all(data_dir: Path, split: str, block: int) -> list[int]:
+    from litdata import StreamingDataset, TokensLoader
+
+    ds = StreamingDataset(str(data_dir / split), item_loader=TokensLoader(block_size=block), shuffle=False)
+    return torch.cat([ds[i] for i in range(len(ds))]).tolist()
+
+
+@pytest.fixture()
+def small_corpus(tmp_path):
+    folder = tmp_path / "text"
+    (folder / "sub").mkdir(parents=True)
+    paras = [f"Paragraph {i} of the first file, with some words in it." for i in range(60)]
+    (folder / "a.txt").write_text("\n\n".join(paras))
+    (folder / "sub" / "b.txt").write_text("\n\n".join(p.replace("first", "second") for p in paras))
+    (folder / "ignored.bin").write_bytes(b"\x00\x01")
+    return folder
+
+
+def test_prepare_round_trip_tokens_in_equal_tokens_out(small_corpus, tmp_path):
+    tok = train_bpe(small_corpus, tmp_path / "tok.json", vocab_size=300)
+    meta = prepare(small_corpus, tok.path, tmp_path / "prep", val_fraction=0.3, segment_chars=200, chunk_tokens=256,
+                   num_workers=1)
+    assert meta["vocab_size"] == tok.vocab_size and meta["files"] == 2
+    for split in ("train", "val"):
+        expected = _expected_tokens(small_corpus, split, tok, 0.3, 200)
+        assert meta["tokens"][split] == len(expected) > 0
+        got = _read_all(tmp_path / "prep", split, block=1)
+        assert sorted(got) == sorted(expected)  # same multiset of tokens (chunk order may follow files)
+        assert len(got) == len(expected)
+
+
+def test_train_and_val_segments_are_disjoint(prepared_data):
+    from scalevec_lit.data.tokenizer import DEFAULT_TEXT_DIR
+
+    train_segs, val_segs = set(), set()
+    for path in text_files(DEFAULT_TEXT_DIR):
+        rel = str(path.relative_to(DEFAULT_TEXT_DIR))
+        for i, seg in enumerate(segments(path.read_text(encoding="utf-8"), 4000)):
+            (val_segs if is_val(rel, i, 0.05) else train_segs).add(seg)
+    assert val_segs and train_segs and not (val_segs & train_segs)
+    meta = json.loads((prepared_data / "meta.json").read_text())
+    assert 0.02 < meta["tokens"]["val"] / (meta["tokens"]["train"] + meta["tokens"]["val"]) < 0.10
+
+
+def test_datamodule_blocks_are_seq_len_plus_one(prepared_data):
+    dm = TokenDataModule(str(prepared_data), seq_len=48, batch_size=3)
+    batch = next(iter(dm.train_dataloader()))
+    assert batch.shape == (3, 49)
+    assert int(batch.max()) < dm.vocab_size == Tokenizer(DEFAULT_TOKENIZER).vocab_size
+    val = next(iter(dm.val_dataloader()))
+    assert val.shape[1] == 49
+
+
+def test_loader_state_restores_the_next_batches(prepared_data):
+    dm = TokenDataModule(str(prepared_data), seq_len=32, batch_size=4)
+    it = iter(dm.train_dataloader())
+    for _ in range(3):
+        next(it)
+    state = dm.state_dict()
+    expected = [next(it) for _ in range(2)]
+    dm2 = TokenDataModule(str(prepared_data), seq_len=32, batch_size=4)
+    dm2.load_state_dict(state)
+    it2 = iter(dm2.train_dataloader())
+    for want in expected:
+        assert torch.equal(next(it2), want)
+
+
+def test_missing_data_folder_names_path_and_fix(tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(FileNotFoundError, match=r"data.data_dir: '.*nowhere' does not exist; run `python -m scalevec_lit prepare"):
+        TokenDataModule(str(missing))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"has no meta.json \(not prepared\)"):
+        TokenDataModule(str(tmp_path / "empty"))
+
+
+def test_empty_text_folder_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"input: '.*empty' holds no text files"):
+        prepare(tmp_path / "empty", DEFAULT_TOKENIZER, tmp_path / "out")
+
+
+def test_sequence_longer_than_the_data_is_refused(prepared_data):
+    with pytest.raises(ValueError, match=r"model.config.seq_len: 100000 needs blocks of 100001 tokens"):
+        TokenDataModule(str(prepared_data), seq_len=100_000)
+
+
+def test_wrong_tokenizer_is_refused(prepared_data, small_corpus, tmp_path):
+    other = train_bpe(small_corpus, tmp_path / "other.json", vocab_size=280)
+    with pytest.raises(ValueError, match=r"data.tokenizer: '.*other.json' \(vocab 280\) is not the tokenizer"):
+        TokenDataModule(str(prepared_data), tokenizer=str(other.path))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match=r"could not be read as a Hugging Face tokenizer.json"):
+        Tokenizer(bad)
+
+
+def test_tokenizer_round_trip_and_eos():
+    tok = Tokenizer(DEFAULT_TOKENIZER)
+    text = "To be, or not to be, that is the question."
+    ids = tok.encode(text)
+    assert ids[-1] == tok.eos_id == 0
+    assert tok.decode(ids[:-1]) == text
