@@ -12,6 +12,7 @@ _EXPORTS = {
     "ScaleVectorMonitor": "scale_monitor",
     "RoleWeightDecay": "role_decay",
     "MoELoadMonitor": "moe_monitor",
+    "SafeModelCheckpoint": "checkpoint",
 }
 
 __all__ = list(_EXPORTS)

@@ -116,6 +116,16 @@ class RoleWeightDecay(Callback):
         """Resolve every decay for ``optimizer``; returns the rows of the start-up table."""
         groups = optimizer.param_groups
         where = {id(p): gi for gi, g in enumerate(groups) for p in g["params"]}
+        scales = list(scale_parameters(module))
+        for sp in scales:
+            gi = where.get(id(sp.param))
+            own = 0.0 if gi is None else float(groups[gi].get("weight_decay", 0.0) or 0.0)
+            if own != 0.0:
+                raise ValueError(
+                    f"RoleWeightDecay: scale parameter {sp.name or sp.info.tag} sits in optimizer group "
+                    f"{groups[gi].get('name', gi)!r} with weight_decay={own}; the optimizer must not decay scale "
+                    "vectors (keep model.param_groups.scale.weight_decay at 0 and let RoleWeightDecay decay them)"
+                )
         lam_matrix = self.matrix_weight_decay(optimizer)
         lam = self.weight_decay if self.weight_decay is not None else lam_matrix
         if lam is None:
@@ -123,7 +133,6 @@ class RoleWeightDecay(Callback):
                 "RoleWeightDecay.weight_decay: None and the optimizer has no 'matrix' parameter group to take λ "
                 "from; set it, e.g. --trainer.callbacks.init_args.weight_decay=0.1"
             )
-        scales = list(scale_parameters(module))
         parts = {sp.info.part for sp in scales} | set(KNOWN_PARTS)
         unknown = set(self.part_weight_decay) - parts
         if unknown:
@@ -139,13 +148,6 @@ class RoleWeightDecay(Callback):
             if gi is None:  # frozen or not optimized by this optimizer
                 continue
             scale_groups.add(gi)
-            own = float(groups[gi].get("weight_decay", 0.0) or 0.0)
-            if own != 0.0:
-                raise ValueError(
-                    f"RoleWeightDecay: scale parameter {sp.name or sp.info.tag} sits in optimizer group "
-                    f"{groups[gi].get('name', gi)!r} with weight_decay={own}; the optimizer must not decay scale "
-                    "vectors (keep model.param_groups.scale.weight_decay at 0 and let RoleWeightDecay decay them)"
-                )
             wd = self.scale_decay(sp.info.role, sp.info.part, lam)
             if wd:
                 by_key.setdefault((gi, wd), []).append(sp.param)

@@ -6,8 +6,9 @@ registered scale parameter, ``scale/<role>/<site>/<branch>/<layer>/<part>/<stat>
 unit offset) the same statistics of the effective γ under ``.../gamma/<stat>``; for input-role vectors the
 preconditioner figures of SCALE_VECTORS.md §2 under ``.../precond/``: ``min_gamma_sq`` (min_j γ_j², the
 bound on λ_min(P_j)) and, where the linear maps that consume γ are known (``scale_consumers``), the drift of
-``c_j = ‖w_j‖² − γ_j²`` from its value at the start of training (``drift_mean``, ``drift_absmax``; c_j is
-conserved under pure gradient flow). Every ``histogram_every_n_steps`` it adds histograms of each part, and
+``c_j = ‖w_j‖² − γ_j²`` from its value at the start of training (c_j is conserved under pure gradient
+flow): ``drift_mean`` = mean_j (c_j − c_j⁰), ``drift_absmax`` = max_j |c_j − c_j⁰|, ``drift_rel`` =
+drift_mean / mean_j |c_j⁰|. Every ``histogram_every_n_steps`` it adds histograms of each part, and
 at every log one image per role, ``scale/<role>/heatmap``: layers × sites for each statistic of γ.
 
 Sharded parameters (FSDP2 DTensors) are handled: statistics are computed on each rank's local shard and
@@ -211,7 +212,7 @@ class ScaleVectorMonitor(Callback):
         every_n_steps: optimizer steps between logs (also logs once before the first step).
         histogram_every_n_steps: steps between histograms of every scale part; 0 turns them off.
         heatmap: one image per role and log (layers × sites, a panel per statistic of γ).
-        preconditioner: the input-role figures ``min_gamma_sq``, ``drift_mean``, ``drift_absmax``.
+        preconditioner: the input-role figures ``min_gamma_sq``, ``drift_mean``, ``drift_absmax``, ``drift_rel``.
     """
 
     def __init__(
@@ -279,6 +280,7 @@ class ScaleVectorMonitor(Callback):
                             drift = c - start
                             figures["drift_mean"] = float(drift.mean())
                             figures["drift_absmax"] = float(drift.abs().max())
+                            figures["drift_rel"] = float(drift.mean() / start.abs().mean().clamp_min(1e-12))
                 precond[vid] = figures
                 for name, value in figures.items():
                     snap.scalars[f"scale/{replace(info, part='precond').tag}/{name}"] = value
@@ -319,7 +321,7 @@ class ScaleVectorMonitor(Callback):
                 col = f"{info.site}/{info.branch}"
                 if col not in cols:
                     cols.append(col)
-            names = list(STATS) + (["min γ²", "drift ‖w‖²−γ² (mean)"] if role == INPUT and precond else [])
+            names = list(STATS) + (["min γ²", "drift of ‖w‖²−γ², relative"] if role == INPUT and precond else [])
             panels = {n: np.full((len(rows), len(cols)), np.nan) for n in names}
             for vid, info in items:
                 r, c = layers.index(info.layer), cols.index(f"{info.site}/{info.branch}")
@@ -327,7 +329,7 @@ class ScaleVectorMonitor(Callback):
                     panels[n][r, c] = v
                 if vid in precond and len(names) > 4:
                     panels[names[4]][r, c] = precond[vid]["min_gamma_sq"]
-                    panels[names[5]][r, c] = precond[vid].get("drift_mean", np.nan)
+                    panels[names[5]][r, c] = precond[vid].get("drift_rel", np.nan)
             out[role] = (rows, cols, panels)
         return out
 
@@ -369,10 +371,12 @@ class ScaleVectorMonitor(Callback):
         if self._last_step == step:
             return
         self._last_step = step
+        from lightning.pytorch.loggers import TensorBoardLogger
+
         writer = None
         loggers = list(trainer.loggers)
         for logger in loggers:
-            if type(logger).__name__ == "TensorBoardLogger":
+            if isinstance(logger, TensorBoardLogger):
                 writer = logger.experiment
         if not loggers:
             if not self._warned:
@@ -383,12 +387,20 @@ class ScaleVectorMonitor(Callback):
 
     def on_train_start(self, trainer: Any, pl_module: nn.Module) -> None:
         self._last_step = None
-        if trainer.global_step % self.every_n_steps == 0:
+        if trainer.global_step == 0:  # the initial values (and the drift reference); a resumed run waits
             self._log(trainer, pl_module)
 
     def on_train_batch_end(self, trainer: Any, pl_module: nn.Module, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step % self.every_n_steps == 0:
             self._log(trainer, pl_module)
+
+    @property
+    def state_key(self) -> str:
+        """Unique per configuration, so that several monitors can sit in one trainer and be checkpointed."""
+        return self._generate_state_key(
+            every_n_steps=self.every_n_steps, histogram_every_n_steps=self.histogram_every_n_steps,
+            heatmap=self.heatmap, preconditioner=self.preconditioner,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"start": {k: v.clone() for k, v in self.start.items()}}

@@ -14,7 +14,10 @@ import re
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
 from .data.datamodule import TokenDataModule
+from .lit.checkpoint import CheckpointError, SafeCheckpointIO, verify_checkpoint
 from .lit.module import CausalLM
 
 EXTRA_COMMANDS = {
@@ -52,19 +55,42 @@ class ScaleVecCLI(LightningCLI):
     """LightningCLI with the links between data and model, and errors that suggest the fix."""
 
 
+    def instantiate_trainer(self, **kwargs):
+        trainer = super().instantiate_trainer(**kwargs)
+        strategy = trainer.strategy
+        if type(getattr(strategy, "_checkpoint_io", None) or strategy.checkpoint_io) is TorchCheckpointIO:
+            strategy.checkpoint_io = SafeCheckpointIO()  # atomic writes, clear errors for corrupt files
+        return trainer
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning loads the whole checkpoint here only to read hyperparameters, which CausalLM does not
+        store (its spec travels in ``checkpoint['scalevec']``); check the file instead, cheaply."""
+        if not self.config.get("subcommand"):
+            return
+        ckpt_path = self.config[self.config.subcommand].get("ckpt_path")
+        if ckpt_path and str(ckpt_path) not in ("last", "best", "hpc", "registry"):
+            verify_checkpoint(ckpt_path, full=False)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.config.seq_len", "data.seq_len")
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
 
 
-def main(args: Optional[list[str]] = None) -> None:
+def main(args: Optional[list[str]] = None):
+    """Run a command; returns the ``ScaleVecCLI`` (for in-process use: ``main([...]).model``)."""
     argv = list(sys.argv[1:] if args is None else args)
     if argv and argv[0] in EXTRA_COMMANDS:
         import importlib
 
-        importlib.import_module(EXTRA_COMMANDS[argv[0]]).main(argv[1:])
-        return
-    ScaleVecCLI(
+        return importlib.import_module(EXTRA_COMMANDS[argv[0]]).main(argv[1:])
+    try:
+        return _run_cli(args)
+    except CheckpointError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def _run_cli(args: Optional[list[str]]):
+    return ScaleVecCLI(
         CausalLM,
         TokenDataModule,
         parser_class=ScaleVecArgumentParser,

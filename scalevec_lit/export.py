@@ -9,7 +9,8 @@
   ``config.json``, ``model.safetensors`` (sharded with ``model.safetensors.index.json`` above
   ``--max-shard-size``) and the tokenizer files in the layout of ``LlamaForCausalLM`` (dense, no scale
   left after folding), ``Qwen3ForCausalLM`` (dense, DNP / QK-norm on q and k with a per-head u),
-  ``Qwen3MoeForCausalLM`` (MoE with that QK-norm) or ``MixtralForCausalLM`` (MoE without it). A model
+  ``Qwen3MoeForCausalLM`` (softmax-routed MoE with that QK-norm), ``MixtralForCausalLM`` (softmax-routed
+  MoE without it) or ``Glm4MoeForCausalLM`` (sigmoid-routed MoE: selection bias, shared experts). A model
   with a site that no standard architecture holds is refused with the site named (``HFExportError``).
 - ``--format native`` writes our own (unfolded) state dict as safetensors plus the model spec as JSON;
   ``load_native(folder)`` (or ``build_from_spec`` + the safetensors) rebuilds it exactly.
@@ -211,7 +212,7 @@ class _Refusals:
 def _check_attention(attn, i: int, r: _Refusals) -> None:
     if attn.out_norm is not None:
         r.add("attn_output: a sublayer output norm (model.strategy.sublayer_output_norm: true) has no place in "
-              "Llama, Qwen3, Qwen3-MoE or Mixtral; set it to false", i)
+              "Llama, Qwen3, Qwen3-MoE, Mixtral or Glm4-MoE; set it to false", i)
     if attn.v.normalize:
         r.add("attn_proj.v: DNP on v (model.strategy.placement.v: 'dual_norm') normalizes v per head, which no "
               "standard architecture does; use input, output or dual there", i)
@@ -231,7 +232,7 @@ def _check_attention(attn, i: int, r: _Refusals) -> None:
 def _check_mlp(mlp, i: int, r: _Refusals, moe_cls: Optional[type]) -> None:
     if mlp.out_norm is not None:
         r.add("mlp_output: a sublayer output norm (model.strategy.sublayer_output_norm: true) has no place in "
-              "Llama, Qwen3, Qwen3-MoE or Mixtral; set it to false", i)
+              "Llama, Qwen3, Qwen3-MoE, Mixtral or Glm4-MoE; set it to false", i)
     dnp = "normalizes its output, which no standard architecture does; use input, output or dual there"
     if type(mlp) is SwiGLU:
         for proj in (mlp.gate, mlp.up):
@@ -283,6 +284,8 @@ def plan_hf(model: nn.Module) -> tuple[Optional[str], list[str]]:
         arch = "Glm4MoeForCausalLM"
     elif qk_norm:
         arch = "Qwen3MoeForCausalLM"
+    elif attn0 is None or attn0.q.normalize or attn0.k.normalize:
+        arch = None  # refused above: only q or only k normalized
     else:
         arch = "MixtralForCausalLM"
         why = "Mixtral (the softmax-routed MoE architecture without QK-norm)"
@@ -442,42 +445,75 @@ def write_safetensors(tensors: dict[str, torch.Tensor], out: Path, max_shard_siz
     return names + ["model.safetensors.index.json"]
 
 
-def _run_config(ckpt: Path) -> Optional[Path]:
-    """The ``config.yaml`` LightningCLI saved beside the run's checkpoints (``<log_dir>/checkpoints/x.ckpt``)."""
-    for folder in list(ckpt.resolve().parents)[:3]:
+def _run_configs(ckpt: Path) -> list[Path]:
+    """The ``config.yaml`` files LightningCLI saved for the run of ``ckpt``: beside its folder
+    (``<log_dir>/checkpoints/x.ckpt``), else in the logger's version folders under an ancestor
+    (``<root>/checkpoints/x.ckpt`` with ``<root>/<name>/version_N/config.yaml``)."""
+    for folder in list(ckpt.resolve().parents)[:2]:
         if (folder / "config.yaml").is_file():
-            return folder / "config.yaml"
-    return None
+            return [folder / "config.yaml"]
+        found = sorted(folder.glob("*/version_*/config.yaml"))
+        if found:
+            return found
+    return []
+
+
+def _tokenizer_of_config(cfg: Path) -> tuple[Optional[Path], str]:
+    """``(tokenizer, where from)`` from a run's config.yaml; ``(None, why not)`` when it does not say."""
+    import yaml
+
+    data = (yaml.safe_load(cfg.read_text()) or {}).get("data") or {}
+    data = data.get("init_args", data)
+    if data.get("tokenizer"):
+        return Tokenizer(data["tokenizer"], key=f"data.tokenizer in {cfg}").path, f"data.tokenizer of {cfg}"
+    meta = Path(str(data.get("data_dir", ""))) / "meta.json"
+    if not data.get("data_dir") or not meta.is_file():
+        return None, f"data.data_dir of {cfg} ({data.get('data_dir')!r}) has no meta.json seen from here"
+    path = json.loads(meta.read_text()).get("tokenizer")
+    if not path or not Path(path).is_file():
+        raise ExportError(
+            f"the run's data ({meta}) was prepared with the tokenizer {path!r}, which is not there any more; "
+            "pass --tokenizer <tokenizer.json>"
+        )
+    return Path(path), f"the tokenizer {meta} was prepared with (data.data_dir of {cfg})"
 
 
 def find_tokenizer(ckpt: Optional[str | Path], explicit: Optional[str | Path] = None) -> tuple[Path, str]:
-    """The tokenizer.json to ship and a note saying where it came from."""
+    """The tokenizer.json to ship and a note saying where it came from.
+
+    Order: ``--tokenizer``; the one inside a native export folder; the run's ``config.yaml`` near the
+    checkpoint (``data.tokenizer``, else the tokenizer that ``data.data_dir`` was prepared with, from its
+    ``meta.json``); else the embedded one, and the note says so.
+    """
     if explicit is not None:
         return Tokenizer(explicit, key="--tokenizer").path, "given with --tokenizer"
-    cfg = _run_config(Path(ckpt)) if ckpt is not None else None
-    if cfg is not None:
-        import yaml
-
-        data = (yaml.safe_load(cfg.read_text()) or {}).get("data") or {}
-        data = data.get("init_args", data)
-        if data.get("tokenizer"):
-            return Tokenizer(data["tokenizer"], key=f"data.tokenizer in {cfg}").path, f"data.tokenizer of {cfg}"
-        meta = Path(str(data.get("data_dir", ""))) / "meta.json"
-        if data.get("data_dir") and meta.is_file():
-            path = json.loads(meta.read_text()).get("tokenizer")
-            if not path or not Path(path).is_file():
-                raise ExportError(
-                    f"the run's data ({meta}) was prepared with the tokenizer {path!r}, which is not there any "
-                    "more; pass --tokenizer <tokenizer.json>"
-                )
-            return Path(path), f"the tokenizer {meta} was prepared with (data.data_dir of {cfg})"
+    if ckpt is not None and (Path(ckpt) / "tokenizer.json").is_file():
+        return Path(ckpt) / "tokenizer.json", f"the one in {ckpt}"
+    why = "no --tokenizer and no run config.yaml near the checkpoint"
+    found = {}
+    for cfg in _run_configs(Path(ckpt)) if ckpt is not None else []:
+        path, note = _tokenizer_of_config(cfg)
+        if path is None:
+            why = f"no --tokenizer, and {note}"
+        else:
+            found.setdefault(Tokenizer(path).fingerprint(), (path, note))
+    if len(found) > 1:
+        names = ", ".join(str(path) for path, _ in found.values())
+        raise ExportError(
+            f"the run folders near {str(ckpt)!r} name different tokenizers ({names}); pass --tokenizer <tokenizer.json>"
+        )
+    if found:
+        return next(iter(found.values()))
     return DEFAULT_TOKENIZER, (
-        f"no --tokenizer and no run config.yaml with data.data_dir found near the checkpoint: shipping the embedded "
-        f"tokenizer {DEFAULT_TOKENIZER}; pass --tokenizer if the model was trained with another"
+        f"{why}: shipping the embedded tokenizer {DEFAULT_TOKENIZER}; pass --tokenizer if the model was trained "
+        "with another"
     )
 
 
 def write_tokenizer(path: Path, out: Path, vocab_size: int, max_length: int) -> Tokenizer:
+    """Copy ``tokenizer.json`` and write the ``tokenizer_config.json`` transformers' AutoTokenizer reads."""
+    from tokenizers import Tokenizer as RawTokenizer
+
     tok = Tokenizer(path, key="--tokenizer")
     if tok.vocab_size > vocab_size:
         raise ExportError(
@@ -485,7 +521,7 @@ def write_tokenizer(path: Path, out: Path, vocab_size: int, max_length: int) -> 
             "pass the tokenizer.json the model was trained with"
         )
     shutil.copyfile(tok.path, out / "tokenizer.json")
-    eos = tok._tok.id_to_token(tok.eos_id)
+    eos = RawTokenizer.from_file(str(tok.path)).id_to_token(tok.eos_id)
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": None, "pad_token": None,
         "unk_token": None, "model_max_length": max_length, "clean_up_tokenization_spaces": False,
@@ -499,9 +535,14 @@ def _prepare_out(out: str | Path, overwrite: bool) -> Path:
     if out.is_file() or (out.is_dir() and any(out.iterdir()) and not overwrite):
         raise ExportError(f"--out: {str(out)!r} exists and is not an empty folder; choose another or pass --overwrite")
     out.mkdir(parents=True, exist_ok=True)
-    for old in list(out.glob("model*.safetensors")) + list(out.glob("model.safetensors.index.json")):
-        old.unlink()
+    stale = [*out.glob("model*.safetensors"), out / "model.safetensors.index.json", out / NATIVE_SPEC]
+    for old in stale:  # --overwrite: no shard or spec of an earlier export may survive
+        old.unlink(missing_ok=True)
     return out
+
+
+def _default_note(tokenizer: Optional[Path]) -> str:
+    return f"given: {tokenizer}" if tokenizer is not None else f"none given: the embedded {DEFAULT_TOKENIZER}"
 
 
 @dataclass
@@ -527,7 +568,7 @@ def save_hf(model: Transformer, out: str | Path, *, tokenizer: Optional[Path] = 
     (dest / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_id}, indent=2))
     write_tokenizer(tok_path, dest, model.config.vocab_size, model.config.seq_len)
     files += ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
-    return ExportResult(dest, "hf", layout.architecture, files, tokenizer_note or f"tokenizer {tok_path}")
+    return ExportResult(dest, "hf", layout.architecture, files, tokenizer_note or _default_note(tokenizer))
 
 
 def save_native(model: Transformer, out: str | Path, *, spec: Optional[dict[str, Any]] = None,
@@ -544,7 +585,7 @@ def save_native(model: Transformer, out: str | Path, *, spec: Optional[dict[str,
     tok_path = Path(tokenizer) if tokenizer is not None else DEFAULT_TOKENIZER
     write_tokenizer(tok_path, dest, model.config.vocab_size, model.config.seq_len)
     files += [NATIVE_SPEC, "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
-    return ExportResult(dest, "native", "scalevec_lit Transformer", files, tokenizer_note or f"tokenizer {tok_path}")
+    return ExportResult(dest, "native", "scalevec_lit Transformer", files, tokenizer_note or _default_note(tokenizer))
 
 
 def load_native(folder: str | Path) -> Transformer:

@@ -107,7 +107,7 @@ def assert_same_model(ours, folder: Path, name: str, seed: int = 2):
     rel = float((a - b).abs().max() / a.abs().max())
     MAX_REL_DIFF[name] = rel
     assert rel < REL_TOL, f"{name}: logits differ by {rel:.3g} relative"
-    prompt = torch.randint(0, vocab, (2, seq_len - GEN_TOKENS), generator=gen)
+    prompt = torch.randint(0, vocab, (1, seq_len - GEN_TOKENS), generator=gen)
     theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=GEN_TOKENS, do_sample=False)
     assert theirs.shape[1] == prompt.shape[1] + GEN_TOKENS
     assert torch.equal(theirs[:, prompt.shape[1]:], greedy(ours, prompt, GEN_TOKENS)), name
@@ -327,6 +327,76 @@ def test_parse_size_and_cli_errors_name_the_option(tmp_path):
         main(["--ckpt", str(tmp_path / "foreign.ckpt"), "--out", str(tmp_path / "o")])
 
 
+def test_tokenizer_is_found_through_the_run_config(tmp_path):
+    """Both checkpoint layouts of a CLI run, a native folder, a conflict, and the embedded fallback."""
+    from scalevec_lit.data.tokenizer import DEFAULT_TOKENIZER
+    from scalevec_lit.export import find_tokenizer
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "meta.json").write_text(json.dumps({"tokenizer": str(DEFAULT_TOKENIZER)}))
+    other = tmp_path / "other.json"
+    other.write_text(DEFAULT_TOKENIZER.read_text().replace("<|endoftext|>", "<|end_of_text|>"))
+
+    def run(root: str, config: str, text: str) -> Path:
+        (tmp_path / root / config).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / root / config).write_text(text)
+        return tmp_path / root
+
+    a = run("a", "smoke/version_0/config.yaml", f"data:\n  data_dir: {data}\n")  # <log_dir>/checkpoints/x.ckpt
+    path, note = find_tokenizer(a / "smoke/version_0/checkpoints/last.ckpt")
+    assert path == DEFAULT_TOKENIZER and note.startswith(f"the tokenizer {data / 'meta.json'} was prepared with")
+    b = run("b", "smoke/version_0/config.yaml", f"data:\n  data_dir: {data}\n")  # <root>/checkpoints/x.ckpt
+    (b / "checkpoints" / "last.ckpt").mkdir(parents=True)  # a distributed checkpoint folder
+    assert find_tokenizer(b / "checkpoints" / "last.ckpt")[0] == DEFAULT_TOKENIZER
+    run("b", "smoke/version_1/config.yaml", f"data:\n  tokenizer: {other}\n")  # a resumed run, another tokenizer
+    with pytest.raises(ExportError, match=r"name different tokenizers .*other\.json.*pass --tokenizer"):
+        find_tokenizer(b / "checkpoints" / "last.ckpt")
+    assert find_tokenizer(b / "checkpoints" / "last.ckpt", other) == (other, "given with --tokenizer")
+    c = run("c", "config.yaml", "data:\n  data_dir: nowhere/prepared\n")
+    path, note = find_tokenizer(c / "checkpoints" / "x.ckpt")
+    assert path == DEFAULT_TOKENIZER and "'nowhere/prepared') has no meta.json" in note and "embedded" in note
+    (data / "meta.json").write_text(json.dumps({"tokenizer": str(tmp_path / "gone.json")}))
+    with pytest.raises(ExportError, match=r"gone\.json'?, which is not there any more; pass --tokenizer"):
+        find_tokenizer(a / "smoke/version_0/checkpoints/last.ckpt")
+
+
+def test_single_file_checkpoint_without_run_config_ships_the_embedded_tokenizer_and_says_so(tmp_path, capsys):
+    """A Lightning-style .ckpt (keys ``model.*``, activation-checkpoint wrapper names) and no config.yaml."""
+    from scalevec_lit.data.tokenizer import DEFAULT_TOKENIZER
+
+    model = make_model("hg")
+    state = {}
+    for k, v in model.state_dict().items():
+        key = k.replace("blocks.0.", "blocks.0._checkpoint_wrapped_module.")
+        state[f"model.{key}"] = v
+    spec = preset_spec("hg")
+    ckpt = tmp_path / "run" / "checkpoints" / "run.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    torch.save({"state_dict": state, "scalevec": {"spec": spec}, "epoch": 0}, ckpt)
+    main(["--ckpt", str(ckpt), "--out", str(tmp_path / "hf")])
+    err = capsys.readouterr().err
+    assert "no run config.yaml near the checkpoint: shipping the embedded tokenizer" in err and "--tokenizer" in err
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == DEFAULT_TOKENIZER.read_bytes()
+    assert_same_model(model, tmp_path / "hf", "hg-from-ckpt-file")
+
+
+def test_bfloat16_weights(tmp_path):
+    model = make_model("qk_norm")
+    save_hf(model, tmp_path, dtype="bfloat16")
+    from safetensors.torch import load_file
+
+    assert {t.dtype for t in load_file(tmp_path / "model.safetensors").values()} == {torch.bfloat16}
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    idx = torch.randint(0, model.config.vocab_size, (1, 16))
+    with torch.no_grad():
+        a, b = model(idx), hf(input_ids=idx).logits
+    assert float((a - b).abs().max() / a.abs().max()) < 2e-2  # bf16 rounding of the weights only
+
+
 def _dcp_worker(rank: int, world: int, folder: str, spec: dict, port: int) -> None:
     """One rank of an FSDP2 model on CPU/gloo, writing a DCP checkpoint as ModelParallelStrategy does."""
     import torch.distributed as dist
@@ -386,7 +456,8 @@ def test_distributed_checkpoint_folder_is_consolidated_and_exported(tmp_path):
 
 def test_cli_export_of_a_smoke_run_checkpoint(prepared_data, tmp_path):
     """fit (10 steps, qk_norm) → ``python -m scalevec_lit export`` → transformers; the run's tokenizer ships."""
-    extra = ("--config", str(ROOT / "recipes/strategy/qk_norm.yaml"), "--data.batch_size=4", "--trainer.limit_val_batches=1")
+    extra = ("--config", str(ROOT / "recipes/strategy/qk_norm.yaml"), "--data.batch_size=4", "--trainer.limit_val_batches=1",
+             "--trainer.num_sanity_val_steps=0")
     fit = run_cli(smoke_args(prepared_data, tmp_path, 10, *extra), cwd=tmp_path)
     assert fit.returncode == 0, fit.stderr[-3000:]
     (ckpt,) = tmp_path.glob("**/checkpoints/last.ckpt")

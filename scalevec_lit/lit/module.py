@@ -22,6 +22,7 @@ from ..model.config import TransformerConfig
 from ..model.spec import model_spec
 from ..model.transformer import BlockFactory, Transformer, count_parameters
 from ..scale.strategy import ScaleStrategy
+from .checkpoint import check_spec
 from .optim import build_param_groups, describe_groups, instantiate_optimizer
 from .parallel import ParallelOptions, parallelize
 from .schedules import Schedule, WarmupCosine
@@ -210,5 +211,7 @@ class CausalLM(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         extra = checkpoint.get("scalevec", {})
+        path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
+        check_spec(extra.get("spec"), model_spec(self.config, self.strategy, self.block), path)
         self.tokens_seen = int(extra.get("tokens_seen", 0))
         self.skipped_steps = int(extra.get("skipped_steps", 0))

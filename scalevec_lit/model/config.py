@@ -31,7 +31,8 @@ class MoEConfig:
     #: Divide the top-k combine weights by their sum (so they sum to 1), as Mixtral and DeepSeek-V3.
     route_norm: bool = True
     #: Expert matmuls: ``grouped_mm`` (one ``torch._grouped_mm`` per projection), ``loop`` (one matmul per
-    #: expert), or ``auto`` (grouped_mm where it runs: fp32/bf16/fp16 with 16-byte aligned rows).
+    #: expert), or ``auto`` (grouped_mm where it runs: fp32/bf16/fp16 with 16-byte aligned rows; bf16 only
+    #: under torch.compile).
     expert_matmul: Literal["auto", "grouped_mm", "loop"] = "auto"
 
     def __post_init__(self) -> None:

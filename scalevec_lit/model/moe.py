@@ -76,7 +76,9 @@ def _in_backward() -> bool:
 
 # -- expert matmul --------------------------------------------------------------------------------------
 def _grouped_mm_runs(x: torch.Tensor, w: torch.Tensor) -> bool:
-    ok_dtype = x.dtype in (torch.float32, torch.bfloat16, torch.float16) and w.dtype == x.dtype
+    # eager runs fp32/bf16/fp16; the compiled (meta) kernel of torch 2.13 accepts bf16 only
+    dtypes = (torch.bfloat16,) if torch.compiler.is_compiling() else (torch.float32, torch.bfloat16, torch.float16)
+    ok_dtype = x.dtype in dtypes and w.dtype == x.dtype
     align = 16 // x.element_size()
     return hasattr(torch, "_grouped_mm") and ok_dtype and x.shape[-1] % align == 0 and w.shape[1] % align == 0
 
@@ -227,6 +229,13 @@ class MoE(nn.Module):
         self.last_load_stats: dict[str, torch.Tensor] = {}
         if self.expert_gate.device.type != "meta":
             self.reset_parameters()
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave out the last forward's outputs (its losses hold autograd graphs,
+        which ``copy.deepcopy``, and so ``fold_scales``, cannot copy)."""
+        state = self.__dict__.copy()
+        state["last_aux_losses"], state["last_load_stats"] = {}, {}
+        return state
 
     @staticmethod
     def _scale_keys(scales: str, branch_specific: bool) -> dict[str, Optional[str]]:

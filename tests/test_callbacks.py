@@ -1,0 +1,386 @@
+"""RoleWeightDecay (exact references per role, part and preset; errors) and ScaleVectorMonitor (event-file
+tags and values, consumers of each scale, FSDP2 reduction on 2 CPU processes, the smoke recipe defaults)."""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import warnings
+from functools import partial
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from conftest import ROOT, run_cli, smoke_args, tiny_config
+from scalevec_lit.callbacks import RoleWeightDecay, ScaleVectorMonitor
+from scalevec_lit.callbacks.scale_monitor import scale_consumers, tensor_statistics
+from scalevec_lit.lit.module import CausalLM
+from scalevec_lit.lit.optim import build_param_groups
+from scalevec_lit.lit.schedules import Constant, WarmupCosine
+from scalevec_lit.model.transformer import Transformer
+from scalevec_lit.scale import MagnitudeDirectionScale, PlainScale
+from scalevec_lit.scale.registry import scale_parameters
+from scalevec_lit.scale.sites import BranchScales
+from scalevec_lit.scale.strategy import ScaleStrategy
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models on a 2-core CPU shared with other jobs: one intra-op thread avoids oversubscription."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+QK_NORM = dict(vector=PlainScale, branch_specific=False, placement=dict(q="dual_norm", k="dual_norm"),
+               output_shape="head")
+UNIFIED = dict(vector=MagnitudeDirectionScale, branch_specific=True, placement=dict(q="dual_norm", k="dual_norm"))
+VOCAB = 128
+
+
+class ZeroGradLM(CausalLM):
+    """The loss times 0: every parameter gets a zero gradient, so only weight decay moves parameters."""
+
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch, batch_idx) * 0.0
+
+
+class Start:
+    """Keeps a copy of the model's state at train start (before any update)."""
+
+    def __init__(self):
+        from lightning.pytorch.callbacks import Callback
+
+        outer = self
+        self.state: dict[str, torch.Tensor] = {}
+
+        class _CB(Callback):
+            def on_train_start(self, trainer, pl_module):
+                outer.state = copy.deepcopy(pl_module.model.state_dict())
+
+        self.callback = _CB()
+
+
+class LrRecorder:
+    """Records the lr of every group at each optimizer step (after RoleWeightDecay ran, before the update)."""
+
+    def __init__(self):
+        from lightning.pytorch.callbacks import Callback
+
+        outer = self
+        self.lrs: list[dict[str, float]] = []
+
+        class _CB(Callback):
+            def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+                outer.lrs.append({g["name"]: g["lr"] for g in optimizer.param_groups})
+
+        self.callback = _CB()
+
+
+def _data(n=64, seq=32):
+    return DataLoader(torch.randint(0, VOCAB, (n, seq + 1)), batch_size=4)
+
+
+def _fit(module, callbacks, steps, root=None):
+    import lightning as L
+
+    logger = False
+    if root is not None:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        logger = TensorBoardLogger(str(root), name="t")
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=steps, logger=logger, callbacks=callbacks, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module, train_dataloaders=_data())
+    return trainer, [str(w.message) for w in caught]
+
+
+def _lm(strategy, optimizer, schedule=None, cls=ZeroGradLM, **kw):
+    return cls(config=tiny_config(vocab_size=VOCAB), strategy=ScaleStrategy(**strategy), optimizer=optimizer,
+               schedule=schedule or Constant(), **kw)
+
+
+def _decayed(start: torch.Tensor, lrs: list[float], wd: float) -> torch.Tensor:
+    ref = start.detach().clone()
+    for lr in lrs:
+        ref.mul_(1 - lr * wd)
+    return ref
+
+
+# -- RoleWeightDecay --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("preset, decays", [("iwd", {"input"}), ("decay_all", {"input", "output"}), ("decay_none", set())])
+def test_role_decay_matches_the_hand_computed_reference(preset, decays, caplog):
+    """AdamW λ=0.1, warmup+cosine, the scale group at lr_mult 2: after 5 steps each scale is exactly
+    1 · Π_k (1 − lr_k λ) for the decayed roles and exactly 1 for the others (output role: QK-norm u)."""
+    caplog.set_level(logging.INFO)
+    schedule = WarmupCosine(warmup_steps=2, min_lr_ratio=0.1)
+    lm = _lm(QK_NORM, partial(torch.optim.AdamW, lr=0.01, weight_decay=0.1), schedule,
+             param_groups={"scale": {"lr_mult": 2.0}})
+    rec, start = LrRecorder(), Start()
+    _, caught = _fit(lm, [RoleWeightDecay(preset=preset), rec.callback, start.callback], steps=5)
+    scale_lrs = [0.02 * schedule(k) for k in range(5)]
+    assert [r["scale"] for r in rec.lrs] == scale_lrs  # the scheduled lr of the scale group, step by step
+    roles = {}
+    for sp in scale_parameters(lm.model):
+        roles.setdefault(sp.info.role, []).append(sp)
+        expected = _decayed(torch.ones_like(sp.param), scale_lrs, 0.1) if sp.info.role in decays else torch.ones_like(sp.param)
+        assert torch.equal(sp.param.detach(), expected), (preset, sp.info.tag)
+    assert set(roles) == {"input", "output"} and len(roles["output"]) == 4  # u on q and k, two layers
+    # the same formula as AdamW's own decay of the matrices (λ = 0.1 at the matrix group's lr)
+    w0 = start.state["blocks.0.attn.o.weight"]
+    assert torch.equal(lm.model.blocks[0].attn.o.weight.detach(), _decayed(w0, [0.01 * schedule(k) for k in range(5)], 0.1))
+    assert not any("scale vectors are not decayed" in m for m in caught)
+    table = caplog.text  # printed at fit start through Lightning's rank-zero logger
+    assert f"RoleWeightDecay (preset {preset})" in table
+    lam_in, lam_out = ("0.1" if "input" in decays else "0"), ("0.1" if "output" in decays else "0")
+    assert any(line.split()[:6] == ["scale", "input", "attn_input", "scale", "2", "128"] and line.split()[6] == lam_in
+               for line in table.splitlines())
+    assert any(line.split()[:4] == ["scale", "output", "attn_proj", "scale"] and line.split()[6] == lam_out
+               for line in table.splitlines())
+
+
+def test_part_and_role_overrides_with_magnitude_direction():
+    """Unified strategy, SGD lr 0.1, explicit λ 0.05, the magnitude part left free: only input-role
+    directions move, by exactly (1 − 0.1 · 0.05)^3."""
+    lm = _lm(UNIFIED, partial(torch.optim.SGD, lr=0.1, weight_decay=0.0))
+    _fit(lm, [RoleWeightDecay(weight_decay=0.05, part_weight_decay={"magnitude": 0.0})], steps=3)
+    seen = set()
+    for sp in scale_parameters(lm.model):
+        seen.add((sp.info.role, sp.info.part))
+        if sp.info.role == "input" and sp.info.part == "direction":
+            assert torch.equal(sp.param.detach(), _decayed(torch.ones_like(sp.param), [0.1] * 3, 0.05)), sp.info.tag
+        else:
+            assert torch.equal(sp.param.detach(), torch.ones_like(sp.param)), sp.info.tag
+    assert seen == {("input", "magnitude"), ("input", "direction"), ("output", "magnitude"), ("output", "direction")}
+
+
+def test_ndim_and_all_presets_set_the_other_groups_consistently():
+    opt = partial(torch.optim.AdamW, lr=0.01, weight_decay=0.1)
+    lm = _lm(QK_NORM, opt)
+    trainer, _ = _fit(lm, [RoleWeightDecay(preset="ndim")], steps=2)
+    decay = {g["name"]: g["weight_decay"] for g in trainer.optimizers[0].param_groups}
+    assert decay == {"matrix": 0.1, "embedding": 0.1, "head": 0.1, "scale": 0.0}  # >=2-D decayed, as nanoGPT
+    assert all(torch.equal(sp.param.detach(), torch.ones_like(sp.param)) for sp in scale_parameters(lm.model))
+
+    lm, start = _lm(QK_NORM, opt), Start()
+    trainer, _ = _fit(lm, [RoleWeightDecay(preset="all"), start.callback], steps=2)
+    e0 = start.state["embed.weight"]
+    decay = {g["name"]: g["weight_decay"] for g in trainer.optimizers[0].param_groups}
+    assert decay == {"matrix": 0.1, "embedding": 0.1, "head": 0.1, "scale": 0.0}  # scales: by the callback
+    # every parameter decays by the same rule: the embedding through AdamW, the scales through the callback
+    assert torch.equal(lm.model.embed.weight.detach(), _decayed(e0, [0.01, 0.01], 0.1))
+    for sp in scale_parameters(lm.model):
+        assert torch.equal(sp.param.detach(), _decayed(torch.ones_like(sp.param), [0.01, 0.01], 0.1)), sp.info.tag
+
+
+def test_role_decay_errors_name_key_value_and_fix():
+    with pytest.raises(ValueError, match=r"RoleWeightDecay.preset: 'iwdd' is not one of iwd, decay_all, decay_none, ndim, all"):
+        RoleWeightDecay(preset="iwdd")
+    with pytest.raises(ValueError, match=r"RoleWeightDecay.role_weight_decay: \['inputs'\] are not roles; use input"):
+        RoleWeightDecay(role_weight_decay={"inputs": 0.1})
+    with pytest.raises(ValueError, match=r"RoleWeightDecay.weight_decay: -0.1 is negative"):
+        RoleWeightDecay(weight_decay=-0.1)
+    model = Transformer(tiny_config(vocab_size=VOCAB))
+    with pytest.raises(ValueError, match=r"part_weight_decay: \['magnitud'\] are not parts of scale vectors; use some of "
+                                         r"direction, magnitude, scale"):
+        RoleWeightDecay(part_weight_decay={"magnitud": 0.0}).build_plan(model, torch.optim.AdamW(build_param_groups(model)))
+    with pytest.raises(ValueError, match=r"scale parameter .* sits in optimizer group 0 with weight_decay=0.1; the "
+                                         r"optimizer must not decay scale vectors"):
+        RoleWeightDecay().build_plan(model, torch.optim.AdamW(model.parameters(), weight_decay=0.1))
+    with pytest.raises(ValueError, match=r"RoleWeightDecay.weight_decay: None and the optimizer has no 'matrix' "
+                                         r"parameter group .* --trainer.callbacks.init_args.weight_decay=0.1"):
+        RoleWeightDecay().build_plan(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    # explicit λ works without kinds, and a mixed group under ndim is refused
+    RoleWeightDecay(weight_decay=0.1).build_plan(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match=r"preset: 'ndim' sets each group's weight decay, but group 0 mixes scale"):
+        RoleWeightDecay(preset="ndim", weight_decay=0.1).build_plan(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+# -- ScaleVectorMonitor ---------------------------------------------------------------------------------
+def _balance(gamma, weights):
+    return sum(w.detach().double().square().sum(0) for w in weights) - gamma.detach().double().square()
+
+
+def _consumer_weights(model):
+    """Independent of the monitor's helper: HG branch scales -> their projection, final -> head."""
+    out = {}
+    for i, block in enumerate(model.blocks):
+        for sub, branches in ((block.attn, "qkv"), (block.mlp, ("gate", "up"))):
+            for b in branches:
+                out[id(sub.norm.scales[b])] = [getattr(sub, b).linear.weight]
+    out[id(model.norm.scales["head"])] = [model.head.weight]
+    return out
+
+
+def test_monitor_event_files_hold_the_parameters_statistics(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    lm = _lm(UNIFIED, partial(torch.optim.AdamW, lr=0.02, weight_decay=0.1), cls=CausalLM)
+    starts = {}
+
+    from lightning.pytorch.callbacks import Callback
+
+    class Snapshot(Callback):  # c_j of every input-role vector before any update
+        def on_train_start(self, trainer, pl_module):
+            weights = _consumer_weights(pl_module.model)
+            for sp in scale_parameters(pl_module.model):
+                if sp.info.role == "input":
+                    starts[id(sp.vector)] = _balance(sp.vector(), weights[id(sp.vector)])
+
+    _fit(lm, [Snapshot(), ScaleVectorMonitor(every_n_steps=2, histogram_every_n_steps=4)], steps=4, root=tmp_path)
+    (events,) = list(tmp_path.rglob("events.out.tfevents.*"))
+    acc = EventAccumulator(str(events), size_guidance={"scalars": 0, "histograms": 0, "images": 0})
+    acc.Reload()
+    tags = {t for t in acc.Tags()["scalars"] if t.startswith("scale/")}
+
+    model, weights = lm.model, _consumer_weights(lm.model)
+    params = list(scale_parameters(model))
+    expected, values = set(), {}
+    for sp, row in zip(params, tensor_statistics([sp.param for sp in params]).tolist()):
+        assert row == pytest.approx([sp.param.double().mean().item(), sp.param.double().std(unbiased=False).item(),
+                                     sp.param.min().item(), sp.param.max().item()], rel=1e-12, abs=1e-12)
+        for stat, v in zip(("mean", "std", "min", "max"), row):
+            values[f"scale/{sp.info.tag}/{stat}"] = v
+    vectors = {id(sp.vector): sp for sp in params}
+    for vid, sp in vectors.items():
+        base = f"scale/{sp.info.role}/{sp.info.site}/{sp.info.branch}/{sp.info.tag.split('/')[3]}"
+        gamma = sp.vector().detach().double()
+        for stat, v in zip(("mean", "std", "min", "max"),
+                           (gamma.mean(), gamma.std(unbiased=False), gamma.min(), gamma.max())):
+            values[f"{base}/gamma/{stat}"] = v.item()
+        if sp.info.role == "input":
+            drift = _balance(gamma, weights[vid]) - starts[vid]
+            values[f"{base}/precond/min_gamma_sq"] = gamma.square().min().item()
+            values[f"{base}/precond/drift_mean"] = drift.mean().item()
+            values[f"{base}/precond/drift_absmax"] = drift.abs().max().item()
+            values[f"{base}/precond/drift_rel"] = (drift.mean() / starts[vid].abs().mean()).item()
+    expected = set(values)
+    assert tags == expected
+    assert len([t for t in tags if "/precond/" in t]) == 4 * 11  # 2 layers x (q,k,v,gate,up) + final head
+    assert "scale/output/attn_proj/q/layer01/direction/std" in tags
+    for tag, v in values.items():
+        logged = acc.Scalars(tag)
+        assert [e.step for e in logged] == [0, 2, 4], tag
+        assert logged[-1].value == pytest.approx(v, rel=1e-5, abs=1e-6), tag
+    assert any(abs(acc.Scalars(t)[-1].value) > 1e-4 for t in tags if t.endswith("drift_absmax"))  # it did move
+    hist = acc.Tags()["histograms"]
+    assert {f"scale/{sp.info.tag}" for sp in params} <= set(hist)
+    assert [e.step for e in acc.Histograms(f"scale/{params[0].info.tag}")] == [0, 4]
+    for role in ("input", "output"):
+        images = acc.Images(f"scale/{role}/heatmap")
+        assert [e.step for e in images] == [0, 2, 4] and images[0].width > 400 and images[0].height > 100
+
+
+def test_consumers_are_found_from_the_sites_and_unknown_ones_are_skipped():
+    model = Transformer(tiny_config(vocab_size=VOCAB),
+                        ScaleStrategy(placement=dict(v="dual")))  # dual v: an input-role u on v's own rows
+    found = scale_consumers(model)
+    attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
+    assert [(c.name, c.axis) for c in found[id(attn.norm.scales["shared"])]] == [("q", 1), ("k", 1), ("v", 1)]
+    assert [c.weight for c in found[id(attn.norm.scales["shared"])]] == [attn.q.linear.weight, attn.k.linear.weight,
+                                                                         attn.v.linear.weight]
+    assert [c.weight for c in found[id(mlp.norm.scales["shared"])]] == [mlp.gate.linear.weight, mlp.up.linear.weight]
+    assert [c.weight for c in found[id(model.norm.scales["shared"])]] == [model.head.weight]
+    assert [(c.name, c.axis) for c in found[id(attn.v.out_scale)]] == [("v", 0)]
+
+    class Router(nn.Module):  # a site whose consumer the helper cannot know (no attribute named "router")
+        def __init__(self):
+            super().__init__()
+            self.norm = BranchScales(64, ("router",), ScaleStrategy(), layer=0, site="mlp_input")
+
+    odd = Router()
+    with torch.no_grad():
+        odd.norm.scales["shared"].scale.mul_(0.5)
+    assert scale_consumers(odd) == {}
+    snap = ScaleVectorMonitor(heatmap=False).collect(odd)
+    assert snap.scalars["scale/input/mlp_input/shared/layer00/precond/min_gamma_sq"] == 0.25
+    assert not any("drift" in t for t in snap.scalars)
+
+
+def test_monitor_arguments_are_checked():
+    with pytest.raises(ValueError, match=r"ScaleVectorMonitor.every_n_steps: 0 must be >= 1"):
+        ScaleVectorMonitor(every_n_steps=0)
+    with pytest.raises(ValueError, match=r"ScaleVectorMonitor.histogram_every_n_steps: -1 must be >= 0 \(0 = off\)"):
+        ScaleVectorMonitor(histogram_every_n_steps=-1)
+
+
+def _fsdp_worker(rank: int, port: int) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from scalevec_lit.lit.parallel import ParallelOptions, parallelize
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = Transformer(tiny_config(vocab_size=VOCAB, n_layer=2), ScaleStrategy(**UNIFIED))
+        with torch.no_grad():  # non-trivial values (same on both ranks: same seed)
+            for p in model.parameters():
+                p.mul_(torch.empty_like(p).uniform_(0.5, 1.5))
+        reference = copy.deepcopy(model)
+        parallelize(model, init_device_mesh("cpu", (2,)), ParallelOptions())
+        assert type(next(scale_parameters(model)).param).__name__ == "DTensor"
+        got = ScaleVectorMonitor().collect(model, histograms=True)
+        want = ScaleVectorMonitor().collect(reference, histograms=True)
+        assert got.scalars.keys() == want.scalars.keys()
+        for tag, v in want.scalars.items():
+            if tag.endswith(("/min", "/max", "min_gamma_sq")):
+                assert got.scalars[tag] == v, tag  # min and max reduce exactly
+            else:
+                assert got.scalars[tag] == pytest.approx(v, rel=1e-9, abs=1e-12), tag
+        for tag, v in want.histograms.items():
+            assert (got.histograms[tag] == v).all(), tag
+        assert got.heatmaps["input"][1] == want.heatmaps["input"][1]
+        # RoleWeightDecay on the local shards: the gathered result equals the unsharded reference
+        opt = torch.optim.AdamW(build_param_groups(model), lr=0.1, weight_decay=0.2)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        decay = RoleWeightDecay()
+        decay.build_plan(model, opt)
+        decay.on_before_optimizer_step(None, model, opt)
+        for sp, ref in zip(scale_parameters(model), scale_parameters(reference)):
+            factor = (1 - 0.1 * 0.2) if sp.info.role == "input" else 1.0
+            assert torch.equal(sp.param.full_tensor(), ref.param.detach() * factor), sp.info.tag
+    finally:
+        dist.destroy_process_group()
+
+
+def test_monitor_reduces_fsdp2_shards_like_the_whole_model():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # fork (as DataLoader workers do, one thread each): the children reuse this process's imports
+    mp.start_processes(_fsdp_worker, args=(port,), nprocs=2, join=True, start_method="fork")
+
+
+def test_smoke_recipe_runs_both_callbacks_by_default(prepared_data, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = smoke_args(prepared_data, tmp_path, 4, "--model.config.n_layer=2", "--model.config.n_embd=64",
+                      "--data.batch_size=4", "--trainer.val_check_interval=4", "--trainer.limit_val_batches=1",
+                      "--trainer.callbacks+=scalevec_lit.callbacks.ScaleVectorMonitor",
+                      "--trainer.callbacks.every_n_steps=2")
+    proc = run_cli(args, cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "RoleWeightDecay (preset iwd)" in out and "scale vectors are not decayed" not in out
+    (events,) = list(tmp_path.rglob("events.out.tfevents.*"))
+    acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+    acc.Reload()
+    steps = {e.step for e in acc.Scalars("scale/input/attn_input/shared/layer00/scale/mean")}
+    assert steps == {0, 2, 4}  # the recipe's monitor (every 50) and the one added with += (every 2)
+    assert "scale/input/final/shared/final/precond/drift_mean" in acc.Tags()["scalars"]
