@@ -37,6 +37,7 @@ from scalevec_lit.scale.sites import INPUT, BranchScales, DualScaledLinear, Scal
 from scalevec_lit.scale.vector import ScaleVector
 
 STATS = ("mean", "std", "min", "max")
+DRIFT_COLOUR_UNIT = 0.01  # the heatmap's drift colours are linear below this, logarithmic above
 
 
 # -- which linear maps consume each input-role scale ------------------------------------------------------
@@ -422,7 +423,8 @@ class _HeatmapFigure:
 
     Built and fully drawn once per layout; each log then only restores the static background and draws
     the cell images and the panel titles (which carry the colour range) on it, a few milliseconds instead
-    of a full redraw. Colours are normalized per panel to its own [min, max] (drift: to ±max|drift|).
+    of a full redraw. Colours are normalized per panel to its own [min, max]; the drift panel uses
+    ``asinh(drift / DRIFT_COLOUR_UNIT)`` scaled to ±max, so that one large drift does not hide the rest.
     """
 
     def __init__(self, key: tuple, role: str, rows: list[str], cols: list[str], names: list[str]) -> None:
@@ -463,10 +465,12 @@ class _HeatmapFigure:
         for ax, im, title, name, diverging in self.panels:
             a = panels[name]
             finite = a[np.isfinite(a)]
-            if diverging:
+            if diverging:  # asinh colour scale: small drifts stay visible next to a large one
                 hi = float(np.abs(finite).max()) if finite.size else 0.0
-                im.set_data(np.ma.masked_invalid(a / hi if hi > 0 else a * 0.0))
-                title.set_text(f"{name}\n±{hi:.3g}")
+                shown = np.arcsinh(a / DRIFT_COLOUR_UNIT)
+                top = float(np.arcsinh(hi / DRIFT_COLOUR_UNIT))
+                im.set_data(np.ma.masked_invalid(shown / top if top > 0 else a * 0.0))
+                title.set_text(f"{name}\n±{hi:.3g} (asinh colours)")
             else:
                 lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
                 span = hi - lo

@@ -125,3 +125,21 @@ def test_tokenizer_round_trip_and_eos():
     ids = tok.encode(text)
     assert ids[-1] == tok.eos_id == 0
     assert tok.decode(ids[:-1]) == text
+
+
+def test_mixing_two_prepared_folders_by_weight(prepared_data, small_corpus, tmp_path):
+    second = tmp_path / "second"
+    prepare(small_corpus, DEFAULT_TOKENIZER, second, val_fraction=0.3, segment_chars=200, chunk_tokens=256,
+            num_workers=1)
+    dm = TokenDataModule([str(prepared_data), str(second)], weights=[0.5, 0.5], seq_len=16, batch_size=4)
+    small = set(_read_all(second, "train", block=1))
+    it = iter(dm.train_dataloader())
+    from_second = sum(all(int(t) in small for t in row) for _ in range(20) for row in next(it))
+    assert 20 <= from_second <= 60  # about half of 80 rows come from the small folder (it alone cannot be all of them)
+    with pytest.raises(ValueError, match=r"data.weights: 1 weights for 2 folders"):
+        TokenDataModule([str(prepared_data), str(second)], weights=[1.0], seq_len=16)
+    other = train_bpe(small_corpus, tmp_path / "other.json", vocab_size=280)
+    third = tmp_path / "third"
+    prepare(small_corpus, other.path, third, val_fraction=0.3, segment_chars=200, chunk_tokens=256, num_workers=1)
+    with pytest.raises(ValueError, match=r"mixed datasets must share one tokenizer"):
+        TokenDataModule([str(prepared_data), str(third)], seq_len=16)

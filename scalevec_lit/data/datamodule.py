@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import lightning as L
 import torch
@@ -22,7 +22,9 @@ class TokenDataModule(L.LightningDataModule):
     """Prepared token data (``python -m scalevec_lit prepare``) for causal language modelling.
 
     Args:
-        data_dir: a prepared folder (``meta.json``, ``train/``, ``val/``); local path or ``s3://`` URL.
+        data_dir: a prepared folder (``meta.json``, ``train/``, ``val/``); local path or ``s3://`` URL; or a
+            list of them, mixed by ``weights`` (litdata ``CombinedStreamingDataset``; all must share a tokenizer).
+        weights: sampling weights of the folders in ``data_dir`` (default: proportional to their tokens).
         seq_len: tokens per training example (linked from ``model.config.seq_len`` by the CLI).
         batch_size: examples per device per step.
         num_workers: loader worker processes.
@@ -34,7 +36,8 @@ class TokenDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        data_dir: str = "data/prepared/shakespeare",
+        data_dir: Union[str, list[str]] = "data/prepared/shakespeare",
+        weights: Optional[list[float]] = None,
         seq_len: int = 256,
         batch_size: int = 8,
         num_workers: int = 0,
@@ -44,14 +47,32 @@ class TokenDataModule(L.LightningDataModule):
         val_batches: Optional[int] = None,
     ) -> None:
         super().__init__()
-        self.data_dir = data_dir
+        self.data_dirs = [data_dir] if isinstance(data_dir, str) else list(data_dir)
+        if not self.data_dirs:
+            raise ValueError("data.data_dir: an empty list; give at least one prepared folder")
+        self.data_dir = self.data_dirs[0]
         self.seq_len = int(seq_len)
         self.batch_size = int(batch_size)
         self.num_workers = int(num_workers)
         self.shuffle = shuffle
         self.seed = seed
         self.val_batches = val_batches
-        self.meta = self._read_meta(data_dir)
+        metas = [self._read_meta(d) for d in self.data_dirs]
+        self.meta = metas[0]
+        for d, m in zip(self.data_dirs[1:], metas[1:]):
+            if m.get("tokenizer_sha256") != self.meta.get("tokenizer_sha256"):
+                raise ValueError(
+                    f"data.data_dir: {d!r} was prepared with tokenizer {m.get('tokenizer')!r}, but {self.data_dir!r} with "
+                    f"{self.meta.get('tokenizer')!r}; mixed datasets must share one tokenizer (re-run prepare)"
+                )
+        if weights is not None and len(weights) != len(self.data_dirs):
+            raise ValueError(
+                f"data.weights: {len(weights)} weights for {len(self.data_dirs)} folders in data.data_dir; give one each"
+            )
+        if weights is not None and (any(w < 0 for w in weights) or sum(weights) <= 0):
+            raise ValueError(f"data.weights: {weights} must be non-negative with a positive sum")
+        self.weights = weights
+        self.tokens = {s: sum(m["tokens"][s] for m in metas) for s in ("train", "val")}
         self.tokenizer_path = tokenizer or self.meta.get("tokenizer")
         if tokenizer is not None:
             tok = Tokenizer(tokenizer, key="data.tokenizer")
@@ -63,7 +84,7 @@ class TokenDataModule(L.LightningDataModule):
                 )
         block = self.seq_len + 1
         for split in ("train", "val"):
-            have = self.meta["tokens"][split]
+            have = self.tokens[split]
             if have < block * (self.batch_size if split == "train" else 1):
                 raise ValueError(
                     f"model.config.seq_len: {self.seq_len} needs blocks of {block} tokens, but the {split} split of "
@@ -109,14 +130,22 @@ class TokenDataModule(L.LightningDataModule):
         return int(self.meta["vocab_size"])
 
     def _dataset(self, split: str, shuffle: bool):
-        from litdata import StreamingDataset, TokensLoader
+        from litdata import CombinedStreamingDataset, StreamingDataset, TokensLoader
 
-        return StreamingDataset(
-            input_dir=f"{self.data_dir.rstrip('/')}/{split}",
-            item_loader=TokensLoader(block_size=self.seq_len + 1),
-            shuffle=shuffle,
-            drop_last=True,
-            seed=self.seed,
+        datasets = [
+            StreamingDataset(
+                input_dir=f"{d.rstrip('/')}/{split}",
+                item_loader=TokensLoader(block_size=self.seq_len + 1),
+                shuffle=shuffle,
+                drop_last=True,
+                seed=self.seed,
+            )
+            for d in self.data_dirs
+        ]
+        if len(datasets) == 1:
+            return datasets[0]
+        return CombinedStreamingDataset(
+            datasets, seed=self.seed, weights=self.weights, iterate_over_all=(split == "val" or self.weights is None)
         )
 
     def train_dataloader(self):

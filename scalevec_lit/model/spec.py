@@ -50,15 +50,20 @@ def model_spec(config: TransformerConfig, strategy: ScaleStrategy, block: Callab
     return {"config": dataclasses.asdict(config), "strategy": strat, "block": describe_callable(block)}
 
 
+def strategy_from_dict(strat: dict[str, Any]) -> ScaleStrategy:
+    """A ``ScaleStrategy`` from plain data: a spec's ``strategy`` or a preset file's ``model.strategy``."""
+    strat = dict(strat)
+    vector = strat.get("vector", {"class_path": "scalevec_lit.scale.PlainScale"})
+    strat["vector"] = rebuild_callable(vector if isinstance(vector, dict) else {"class_path": vector})
+    strat["placement"] = Placement(**strat.get("placement", {}))
+    return ScaleStrategy(**strat)
+
+
 def spec_parts(spec: dict[str, Any]) -> tuple[TransformerConfig, ScaleStrategy, Callable]:
     cfg = dict(spec["config"])
     moe = cfg.pop("moe", None)
     config = TransformerConfig(**cfg, moe=MoEConfig(**moe) if moe else None)
-    strat = dict(spec["strategy"])
-    strategy = ScaleStrategy(
-        **{**strat, "vector": rebuild_callable(strat["vector"]), "placement": Placement(**strat["placement"])}
-    )
-    return config, strategy, rebuild_callable(spec["block"])
+    return config, strategy_from_dict(spec["strategy"]), rebuild_callable(spec["block"])
 
 
 def build_from_spec(spec: dict[str, Any]):

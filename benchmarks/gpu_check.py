@@ -1,0 +1,162 @@
+"""GPU check: bf16 FSDP2 + torch.compile throughput, MFU and peak memory per model size and preset.
+
+    bash benchmarks/gpu_check.sh                      # on one NVIDIA GPU; writes logs to $OUT
+    python benchmarks/gpu_check.py --dry-run          # tiny sizes on CPU (what the test suite runs)
+
+Installs nothing and reads no data: batches are random token ids (throughput does not depend on them).
+The bf16 matmul peak of this GPU is measured first and MFU is reported against it (and against the
+datasheet peak when the device name is known). Needs only torch and PyYAML (no Lightning, litdata,
+jsonargparse or tokenizers).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scalevec_lit.lit.parallel import ParallelOptions, parallelize  # noqa: E402
+from scalevec_lit.model import SIZES, Transformer, TransformerConfig, count_parameters  # noqa: E402
+from scalevec_lit.model.spec import strategy_from_dict  # noqa: E402
+
+DATASHEET_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "B200": 2250.0}
+
+
+def preset(name: str):
+    data = yaml.safe_load((ROOT / "recipes" / "strategy" / f"{name}.yaml").read_text())
+    return strategy_from_dict(data["model"]["strategy"])
+
+
+def measure_matmul_peak(device: torch.device, dtype: torch.dtype, n: int, reps: int) -> float:
+    """TFLOP/s of an n×n×n matmul (median of ``reps``)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    times = []
+    for i in range(reps + 3):
+        sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        sync(device)
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    return 2 * n**3 / sorted(times)[len(times) // 2] / 1e12
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_one(config: TransformerConfig, preset_name: str, args, device, peak_tflops: float) -> dict:
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = Transformer(config, preset(preset_name))
+    mesh = torch.distributed.device_mesh.init_device_mesh(device.type, (1,), mesh_dim_names=("data_parallel",))
+    opts = ParallelOptions(mixed_precision="bf16" if args.bf16 else "fp32", meta_init=True)
+    parallelize(model, mesh, opts, compile=args.compile)
+    model.to_empty(device=device)
+    model.reset_parameters()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    tokens = torch.randint(0, config.vocab_size, (args.batch, config.seq_len + 1), device=device)
+    times, losses = [], []
+    for step in range(args.warmup + args.steps):
+        sync(device)
+        t0 = time.perf_counter()
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync(device)
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+    step_time = sorted(times)[len(times) // 2]
+    tok_s = args.batch * config.seq_len / step_time
+    count = count_parameters(config, preset(preset_name))
+    flops = config.flops_per_token(config.seq_len, count.active_non_embedding)
+    mem = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+    return {
+        "params": count.total, "step_s": step_time, "tokens_per_s": tok_s,
+        "mfu": tok_s * flops / (peak_tflops * 1e12), "peak_mem_gib": mem,
+        "loss_first": losses[0], "loss_last": losses[-1], "finite": all(map(lambda x: x == x, losses)),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="dense_0.12b,dense_1b")
+    parser.add_argument("--presets", default="baseline,unified")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--no-compile", dest="compile", action="store_false")
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU, fp32, no compile")
+    parser.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "benchmarks" / "out")))
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
+    args.bf16 = device.type == "cuda"
+    if args.dry_run:
+        args.compile, args.steps, args.warmup, args.batch = False, 3, 1, 2
+        configs = {
+            "tiny": TransformerConfig(vocab_size=512, seq_len=32, n_layer=2, n_embd=64, n_head=4, n_kv_head=2),
+            "tiny_deep": TransformerConfig(vocab_size=512, seq_len=32, n_layer=3, n_embd=64, n_head=4),
+        }
+    else:
+        configs = {name: TransformerConfig.from_name(name, seq_len=args.seq) for name in args.sizes.split(",")}
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+    if device.type == "cuda":
+        torch.cuda.set_device(0)
+    try:
+        dtype = torch.bfloat16 if args.bf16 else torch.float32
+        peak = measure_matmul_peak(device, dtype, 8192 if device.type == "cuda" else 256, 10)
+        name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
+        sheet = next((v for k, v in DATASHEET_BF16_TFLOPS.items() if k in name), None)
+        rows = []
+        for size, config in configs.items():
+            for p in args.presets.split(","):
+                r = run_one(config, p, args, device, peak)
+                rows.append({"size": size, "preset": p, **r})
+                print(json.dumps(rows[-1]), flush=True)
+        header = f"device: {name}; measured {'bf16' if args.bf16 else 'fp32'} matmul peak {peak:.1f} TFLOP/s" + (
+            f" (datasheet {sheet:.0f})" if sheet else ""
+        )
+        lines = [header, "", "| size | preset | params | tokens/s | MFU (measured peak) | step s | peak mem GiB | vs baseline |",
+                 "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            base = next((b for b in rows if b["size"] == r["size"] and b["preset"] == "baseline"), None)
+            ratio = f"{r['step_s'] / base['step_s']:.3f}x" if base else "-"
+            lines.append(f"| {r['size']} | {r['preset']} | {r['params'] / 1e6:.1f}M | {r['tokens_per_s']:,.0f} | "
+                         f"{100 * r['mfu']:.1f}% | {r['step_s']:.4f} | {r['peak_mem_gib']:.2f} | {ratio} |")
+        table = "\n".join(lines)
+        print(table)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gpu_check.json").write_text(json.dumps({"device": name, "peak_tflops": peak, "rows": rows}, indent=2))
+        (out / "gpu_check.md").write_text(table + "\n")
+        return 0 if all(r["finite"] for r in rows) else 1
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
