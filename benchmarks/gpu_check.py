@@ -26,11 +26,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scalevec_lit.lit.parallel import ParallelOptions, parallelize  # noqa: E402
+from scalevec_lit.lit.parallel import DATASHEET_BF16_TFLOPS, ParallelOptions, parallelize  # noqa: E402
 from scalevec_lit.model import SIZES, Transformer, TransformerConfig, count_parameters  # noqa: E402
 from scalevec_lit.model.spec import strategy_from_dict  # noqa: E402
 
-DATASHEET_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "B200": 2250.0}
 
 
 def preset(name: str):

@@ -24,7 +24,7 @@ from ..model.transformer import BlockFactory, Transformer, count_parameters
 from ..scale.strategy import ScaleStrategy
 from .checkpoint import check_spec
 from .optim import build_param_groups, describe_groups, instantiate_optimizer
-from .parallel import ParallelOptions, parallelize
+from .parallel import DATASHEET_BF16_TFLOPS, ParallelOptions, parallelize
 from .schedules import Schedule, WarmupCosine
 
 OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
@@ -54,6 +54,8 @@ class CausalLM(L.LightningModule):
         parallel: FSDP2 options used under ``ModelParallelStrategy`` (activation checkpointing, compile,
             mixed precision).
         compile: ``torch.compile`` each block (also without FSDP).
+        peak_tflops: the accelerator's peak (bf16) TFLOP/s per device for ``train/mfu``; on CUDA the
+            datasheet value is looked up from the device name when not given (H100/H200 989, A100 312).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class CausalLM(L.LightningModule):
         nonfinite: Literal["skip", "stop", "raise"] = "stop",
         parallel: Optional[ParallelOptions] = None,
         compile: bool = False,
+        peak_tflops: Optional[float] = None,
     ) -> None:
         super().__init__()
         # replace() re-runs __post_init__, so the unresolved default gets its derived fields here
@@ -80,6 +83,8 @@ class CausalLM(L.LightningModule):
         self.nonfinite = nonfinite
         self.parallel = parallel or ParallelOptions()
         self.compile = compile
+        self.peak_tflops = peak_tflops
+        self._flops_per_token: Optional[float] = None
         self.model: Optional[Transformer] = None
         self.val_loss = MeanMetric()
         self.tokens_seen = 0
@@ -166,8 +171,12 @@ class CausalLM(L.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         now = time.perf_counter()
         if self._t_last is not None and self.trainer.is_global_zero:
-            tokens = (batch.shape[1] - 1) * batch.shape[0] * self.trainer.world_size
-            self.log("train/tokens_per_sec", tokens / max(1e-9, now - self._t_last), on_step=True, on_epoch=False)
+            tokens_per_sec = (batch.shape[1] - 1) * batch.shape[0] * self.trainer.world_size / max(1e-9, now - self._t_last)
+            self.log("train/tokens_per_sec", tokens_per_sec, on_step=True, on_epoch=False, prog_bar=True,
+                     rank_zero_only=True)
+            if self.peak_tflops and self._flops_per_token:
+                mfu = tokens_per_sec * self._flops_per_token / (self.peak_tflops * 1e12 * self.trainer.world_size)
+                self.log("train/mfu", mfu, on_step=True, on_epoch=False, prog_bar=True, rank_zero_only=True)
         self._t_last = now
 
     # -- optimizers --------------------------------------------------------------------------------
@@ -196,6 +205,10 @@ class CausalLM(L.LightningModule):
     def on_fit_start(self) -> None:
         count = count_parameters(self.config, self.strategy, self.block)
         rank_zero_info(f"{type(self.model).__name__}: " + count.summary())
+        self._flops_per_token = self.config.flops_per_token(self.config.seq_len, count.active_non_embedding)
+        if self.peak_tflops is None and self.device.type == "cuda":
+            name = torch.cuda.get_device_name(self.device)
+            self.peak_tflops = next((v for k, v in DATASHEET_BF16_TFLOPS.items() if k in name), None)
         if not any(getattr(cb, "decays_scale_vectors", False) for cb in self.trainer.callbacks):
             rank_zero_warn(
                 "scale vectors are not decayed: no scalevec_lit.callbacks.RoleWeightDecay among the callbacks "

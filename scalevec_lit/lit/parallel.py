@@ -15,6 +15,10 @@ import torch
 from torch import nn
 
 
+#: Dense bf16 TFLOP/s per device from datasheets, for MFU when the peak is not measured or given.
+DATASHEET_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0}
+
+
 @dataclass
 class ParallelOptions:
     """FSDP2 options (``model.parallel`` in YAML).
