@@ -28,10 +28,16 @@ EXTRA_COMMANDS = {
 
 
 def _known_keys(parser) -> list[str]:
+    """Every key the parser (and its subcommand parsers) accepts."""
+    keys: list[str] = []
     try:
-        return [k for k in parser.get_defaults().keys() if not k.startswith("__")]
+        keys += [k for k in parser.get_defaults().keys() if not k.startswith("__")]
     except Exception:  # suggestions are a courtesy; never hide the original error
-        return []
+        pass
+    subcommands = getattr(parser, "_subcommands_action", None)
+    for sub in getattr(subcommands, "_name_parser_map", {}).values():
+        keys += _known_keys(sub)
+    return keys
 
 
 class ScaleVecArgumentParser(LightningArgumentParser):
@@ -43,7 +49,7 @@ class ScaleVecArgumentParser(LightningArgumentParser):
         key = f"{group.group(1)}.{group.group(2)}" if group else (unknown and (unknown.group(1) or unknown.group(2)))
         if key:
             parser = getattr(ex, "subcommand_parser", None) or self
-            close = difflib.get_close_matches(key, _known_keys(parser), n=3, cutoff=0.6)
+            close = difflib.get_close_matches(key, list(dict.fromkeys(_known_keys(parser))), n=3, cutoff=0.6)
             message += f"\n  unknown key {key!r}" + (
                 f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else
                 "; run with --help or --print_config to see the accepted keys"
