@@ -1,0 +1,119 @@
+"""Reading checkpoints into ``(spec, state dict)`` and the fp32 model: a single-file Lightning checkpoint
+(``*.ckpt``), a distributed checkpoint folder written by ``ModelParallelStrategy`` (``*.distcp`` +
+``.metadata`` + ``meta.pt``, consolidated on CPU without a process group), or a native export folder
+(``scalevec_spec.json`` + safetensors).
+
+Plain torch (+ safetensors): must not import Lightning or transformers, nor the hf / write / cli modules
+of this package.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..model.rope import rope_tables
+from ..model.spec import build_from_spec
+from ..model.transformer import Transformer
+from .errors import ExportError
+
+NATIVE_SPEC = "scalevec_spec.json"
+_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def _torch_load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # Lightning stores some plain Python objects; the file is the user's own training run
+        return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _read_dcp(folder: Path) -> dict[str, torch.Tensor]:
+    """Consolidate the ``state_dict`` entry of a distributed checkpoint on CPU (no process group)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    reader = FileSystemReader(str(folder))
+    tops = {key.split(".", 1)[0] for key in reader.read_metadata().state_dict_metadata}
+    if "state_dict" not in tops:
+        raise ExportError(
+            f"--ckpt: the distributed checkpoint {str(folder)!r} has no 'state_dict' entry (top-level keys: "
+            f"{', '.join(sorted(tops))}); give a checkpoint written by Lightning's ModelParallelStrategy"
+        )
+    sd: dict[str, Any] = {}
+    _load_state_dict(sd, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}), no_dist=True)
+    return sd["state_dict"]
+
+
+def _clean_key(key: str) -> str:
+    for part in _WRAPPER_PARTS:
+        key = key.replace(part, "")
+    return key
+
+
+def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``(spec, state dict of the Transformer)`` from a Lightning checkpoint, a DCP folder or a native export."""
+    p = Path(path)
+    if not p.exists():
+        raise ExportError(f"--ckpt: {str(path)!r} does not exist; give a Lightning .ckpt file or checkpoint folder")
+    if p.is_dir() and (p / NATIVE_SPEC).is_file():
+        from safetensors.torch import load_file
+
+        spec = json.loads((p / NATIVE_SPEC).read_text())
+        return spec, {k: v for f in sorted(p.glob("model*.safetensors")) for k, v in load_file(f).items()}
+    if p.is_dir():
+        if not (p / ".metadata").is_file():
+            raise ExportError(
+                f"--ckpt: {str(path)!r} is a folder without .metadata (not a distributed checkpoint) and without "
+                f"{NATIVE_SPEC} (not a native export); give a .ckpt file or a checkpoint folder"
+            )
+        extra = _torch_load(p / "meta.pt") if (p / "meta.pt").is_file() else {}
+        state = _read_dcp(p)
+    else:
+        extra = _torch_load(p)
+        if not isinstance(extra, dict) or "state_dict" not in extra:
+            raise ExportError(f"--ckpt: {str(path)!r} holds no 'state_dict'; give a checkpoint saved by Lightning")
+        state = extra["state_dict"]
+    spec = (extra.get("scalevec") or {}).get("spec")
+    if spec is None:
+        raise ExportError(
+            f"--ckpt: {str(path)!r} has no checkpoint['scalevec']['spec'] (it was not written by scalevec_lit's "
+            "CausalLM); export a checkpoint of `python -m scalevec_lit fit`"
+        )
+    model_state = {_clean_key(k[len("model."):]): v for k, v in state.items() if k.startswith("model.")}
+    if not model_state:
+        raise ExportError(f"--ckpt: {str(path)!r} has no 'model.*' weights in its state_dict")
+    return spec, model_state
+
+
+def model_from_state(spec: dict[str, Any], state: dict[str, torch.Tensor]) -> Transformer:
+    """Build the model of ``spec`` on the meta device, then load ``state`` (fp32, CPU) into it."""
+    with torch.device("meta"):
+        model = build_from_spec(spec)
+    model.to_empty(device="cpu")
+    model.float()
+    tied = model.config.tie_embeddings
+    if tied:
+        state = {k: v for k, v in state.items() if k != "head.weight"}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (tied and k == "head.weight")]
+    if missing or unexpected:
+        raise ExportError(
+            f"--ckpt: the weights do not fit the model of the checkpoint's spec (missing: {missing[:5]}, "
+            f"unexpected: {unexpected[:5]}); was the checkpoint written by another version of the model code?"
+        )
+    if tied:
+        model.head.weight = model.embed.weight
+    cos, sin = rope_tables(model.config.seq_len, model.config.head_dim, model.config.rope_theta)
+    model.rope_cos.copy_(cos)
+    model.rope_sin.copy_(sin)
+    return model.eval()
+
+
+def load_model(path: str | Path) -> tuple[Transformer, dict[str, Any]]:
+    """The trained model (fp32, eval mode) and its spec, from any checkpoint ``read_checkpoint`` reads."""
+    spec, state = read_checkpoint(path)
+    return model_from_state(spec, state), spec

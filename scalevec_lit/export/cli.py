@@ -1,0 +1,56 @@
+"""``export`` (read a checkpoint, find its tokenizer, write hf or native) and ``main``, the command line
+``python -m scalevec_lit export`` (dispatched here by ``scalevec_lit.cli``).
+
+Plain Python over the other export modules: must not import Lightning or transformers.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional
+
+from .checkpoint import load_model
+from .errors import ExportError
+from .hf import DTYPES
+from .tokenizer import find_tokenizer
+from .write import ExportResult, save_hf, save_native
+
+
+def export(ckpt: str | Path, out: str | Path, *, format: str = "hf", tokenizer: Optional[str | Path] = None,
+           max_shard_size: int | str = "5GB", dtype: str = "float32", overwrite: bool = False) -> ExportResult:
+    """Read ``ckpt`` and export it (what ``python -m scalevec_lit export`` runs)."""
+    if format not in ("hf", "native"):
+        raise ExportError(f"--format: {format!r} is not one of hf, native")
+    model, spec = load_model(ckpt)
+    tok_path, note = find_tokenizer(ckpt, tokenizer)
+    if format == "native":
+        return save_native(model, out, spec=spec, tokenizer=tok_path, tokenizer_note=note,
+                           max_shard_size=max_shard_size, overwrite=overwrite)
+    return save_hf(model, out, tokenizer=tok_path, tokenizer_note=note, max_shard_size=max_shard_size,
+                   dtype=dtype, overwrite=overwrite)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m scalevec_lit export",
+        description="Fold the scale vectors of a checkpoint and write a transformers model folder (or ours).",
+    )
+    parser.add_argument("--ckpt", required=True, help="Lightning .ckpt, distributed checkpoint folder or native export")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--format", choices=("hf", "native"), default="hf",
+                        help="hf: Llama/Qwen3 layout, folded (default); native: our state dict + spec")
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer.json to ship (default: the one the run's data was prepared with, found "
+                             "through the run's config.yaml; else the embedded one)")
+    parser.add_argument("--max-shard-size", default="5GB", help="shard model.safetensors above this size (5GB)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="dtype of the hf weights")
+    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    args = parser.parse_args(argv)
+    try:
+        result = export(args.ckpt, args.out, format=args.format, tokenizer=args.tokenizer,
+                        max_shard_size=args.max_shard_size, dtype=args.dtype, overwrite=args.overwrite)
+    except (ExportError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+    print(f"tokenizer: {result.tokenizer_note}", file=sys.stderr)
+    print(f"exported {args.ckpt} as {result.architecture} ({result.format}) to {result.out}: {', '.join(result.files)}")

@@ -1,0 +1,101 @@
+"""The tokenizer an export ships: found from ``--tokenizer``, a native export folder or the run's
+``config.yaml`` near the checkpoint (``find_tokenizer``), and written with the ``tokenizer_config.json`` and
+``special_tokens_map.json`` transformers' AutoTokenizer reads (``write_tokenizer``).
+
+Plain Python (+ tokenizers, yaml): must not import torch, Lightning or transformers, nor the other export
+modules except ``errors``.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Optional
+
+from ..data.tokenizer import DEFAULT_TOKENIZER, Tokenizer
+from .errors import ExportError
+
+
+def _run_configs(ckpt: Path) -> list[Path]:
+    """The ``config.yaml`` files LightningCLI saved for the run of ``ckpt``: beside its folder
+    (``<log_dir>/checkpoints/x.ckpt``), else in the logger's version folders under an ancestor
+    (``<root>/checkpoints/x.ckpt`` with ``<root>/<name>/version_N/config.yaml``)."""
+    for folder in list(ckpt.resolve().parents)[:2]:
+        if (folder / "config.yaml").is_file():
+            return [folder / "config.yaml"]
+        found = sorted(folder.glob("*/version_*/config.yaml"))
+        if found:
+            return found
+    return []
+
+
+def _tokenizer_of_config(cfg: Path) -> tuple[Optional[Path], str]:
+    """``(tokenizer, where from)`` from a run's config.yaml; ``(None, why not)`` when it does not say."""
+    import yaml
+
+    data = (yaml.safe_load(cfg.read_text()) or {}).get("data") or {}
+    data = data.get("init_args", data)
+    if data.get("tokenizer"):
+        return Tokenizer(data["tokenizer"], key=f"data.tokenizer in {cfg}").path, f"data.tokenizer of {cfg}"
+    meta = Path(str(data.get("data_dir", ""))) / "meta.json"
+    if not data.get("data_dir") or not meta.is_file():
+        return None, f"data.data_dir of {cfg} ({data.get('data_dir')!r}) has no meta.json seen from here"
+    path = json.loads(meta.read_text()).get("tokenizer")
+    if not path or not Path(path).is_file():
+        raise ExportError(
+            f"the run's data ({meta}) was prepared with the tokenizer {path!r}, which is not there any more; "
+            "pass --tokenizer <tokenizer.json>"
+        )
+    return Path(path), f"the tokenizer {meta} was prepared with (data.data_dir of {cfg})"
+
+
+def find_tokenizer(ckpt: Optional[str | Path], explicit: Optional[str | Path] = None) -> tuple[Path, str]:
+    """The tokenizer.json to ship and a note saying where it came from.
+
+    Order: ``--tokenizer``; the one inside a native export folder; the run's ``config.yaml`` near the
+    checkpoint (``data.tokenizer``, else the tokenizer that ``data.data_dir`` was prepared with, from its
+    ``meta.json``); else the embedded one, and the note says so.
+    """
+    if explicit is not None:
+        return Tokenizer(explicit, key="--tokenizer").path, "given with --tokenizer"
+    if ckpt is not None and (Path(ckpt) / "tokenizer.json").is_file():
+        return Path(ckpt) / "tokenizer.json", f"the one in {ckpt}"
+    why = "no --tokenizer and no run config.yaml near the checkpoint"
+    found = {}
+    for cfg in _run_configs(Path(ckpt)) if ckpt is not None else []:
+        path, note = _tokenizer_of_config(cfg)
+        if path is None:
+            why = f"no --tokenizer, and {note}"
+        else:
+            found.setdefault(Tokenizer(path).fingerprint(), (path, note))
+    if len(found) > 1:
+        names = ", ".join(str(path) for path, _ in found.values())
+        raise ExportError(
+            f"the run folders near {str(ckpt)!r} name different tokenizers ({names}); pass --tokenizer <tokenizer.json>"
+        )
+    if found:
+        return next(iter(found.values()))
+    return DEFAULT_TOKENIZER, (
+        f"{why}: shipping the embedded tokenizer {DEFAULT_TOKENIZER}; pass --tokenizer if the model was trained "
+        "with another"
+    )
+
+
+def write_tokenizer(path: Path, out: Path, vocab_size: int, max_length: int) -> Tokenizer:
+    """Copy ``tokenizer.json`` and write the ``tokenizer_config.json`` transformers' AutoTokenizer reads."""
+    from tokenizers import Tokenizer as RawTokenizer
+
+    tok = Tokenizer(path, key="--tokenizer")
+    if tok.vocab_size > vocab_size:
+        raise ExportError(
+            f"--tokenizer: {str(path)!r} has {tok.vocab_size} tokens but the model's vocab_size is {vocab_size}; "
+            "pass the tokenizer.json the model was trained with"
+        )
+    shutil.copyfile(tok.path, out / "tokenizer.json")
+    eos = RawTokenizer.from_file(str(tok.path)).id_to_token(tok.eos_id)
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": None, "pad_token": None,
+        "unk_token": None, "model_max_length": max_length, "clean_up_tokenization_spaces": False,
+    }, indent=2))
+    (out / "special_tokens_map.json").write_text(json.dumps({"eos_token": eos}, indent=2))
+    return tok
