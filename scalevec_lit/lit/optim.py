@@ -165,18 +165,22 @@ class MuonAdamW(torch.optim.Optimizer):
                 use_muon = g.get("kind") in muon_kinds
             g["params"] = list(g["params"])
             if use_muon:
-                names = g.pop("names", None) or [""] * len(g["params"])
-                flat = [(n, p) for n, p in zip(names, g["params"]) if p.ndim == 2]
-                other = [(n, p) for n, p in zip(names, g["params"]) if p.ndim != 2]
+                names = g.pop("names", None)
+                labels = names if names is not None else [None] * len(g["params"])
+                flat = [(n, p) for n, p in zip(labels, g["params"]) if p.ndim == 2]
+                other = [(n, p) for n, p in zip(labels, g["params"]) if p.ndim != 2]
                 if other:  # Muon orthogonalizes matrices only: AdamW takes the rest of this kind
-                    nd = {**g, "params": [p for _, p in other], "names": [n for n, _ in other]}
-                    nd["name"] = f"{g.get('name', g.get('kind', 'group'))}_nd"
+                    nd = {**g, "params": [p for _, p in other], "name": f"{g.get('name', g.get('kind', 'group'))}_nd"}
+                    if names is not None:
+                        nd["names"] = [n for n, _ in other]
                     nd.setdefault("lr", lr)
                     nd.setdefault("weight_decay", weight_decay)
                     prepared.append({**nd, "use_muon": False})
                 if not flat:
                     continue
-                g["params"], g["names"] = [p for _, p in flat], [n for n, _ in flat]
+                g["params"] = [p for _, p in flat]
+                if names is not None:
+                    g["names"] = [n for n, _ in flat]
                 g.setdefault("lr", muon_lr)
                 g.setdefault("weight_decay", muon_wd)
             else:
