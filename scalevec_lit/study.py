@@ -24,8 +24,10 @@ loss); ``run`` skips complete runs and resumes incomplete ones from their newest
 
 ``report`` reads the runs' TensorBoard events and writes ``report.md`` and PNG plots into the output
 folder: validation loss per variant (mean and min-max band over seeds), the terminal loss table (mean ±
-std, difference to the reference, and whether the difference exceeds twice the pooled seed std), scale
-vector dynamics of the baseline vs the unified variant, and a verdict per claim.
+std, difference to the reference, and whether the difference exceeds twice the pooled seed std) and a
+plot of it, scale vector dynamics of the baseline vs the unified variant, and a verdict per claim. A
+hand-written ``notes.md`` beside ``report.md`` is included as its discussion section (kept when the
+report is written again).
 
 May import yaml, numpy, tensorboard's event reader and (lazily, Agg backend) matplotlib. Must not import
 torch, Lightning or the rest of ``scalevec_lit``: runs happen in subprocesses, so that a study process stays
@@ -39,8 +41,10 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,12 +243,20 @@ def run_study(study: Study, out: Path, parallel: int = 1, dry_run: bool = False)
     out.mkdir(parents=True, exist_ok=True)
     if study.path is not None:
         shutil.copyfile(study.path, out / "study.yaml")
+        meta = {"study": str(study.path), "command": f"python -m scalevec_lit study run {study.path} --parallel {parallel}",
+                "started": _now()}
+        (out / "study_meta.json").write_text(json.dumps(meta, indent=1))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.setdefault("OMP_NUM_THREADS", "1" if parallel > 1 else env.get("OMP_NUM_THREADS", ""))
     if not env["OMP_NUM_THREADS"]:
         env.pop("OMP_NUM_THREADS")
     running: list[tuple[subprocess.Popen, Variant, int, Path, float]] = []
     failed = 0
+
+    def _terminated(signum, frame):  # SIGTERM stops the runs too (SIGKILL: kill the process group)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is threading.main_thread() else None
     try:
         while todo or running:
             while todo and len(running) < max(1, parallel):
@@ -260,7 +272,12 @@ def run_study(study: Study, out: Path, parallel: int = 1, dry_run: bool = False)
     except KeyboardInterrupt:
         for proc, *_ in running:
             proc.terminate()
+        for proc, *_ in running:
+            proc.wait()
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     print(f"[study] {_now()} finished: {failed} failed", flush=True)
     return failed
 
@@ -305,8 +322,10 @@ def collect(out: Path, study: Optional[Study]) -> tuple[list[str], dict[str, dic
     for done_file in sorted(out.glob(f"*/seed*/{DONE}")):
         root = done_file.parent
         done = json.loads(done_file.read_text())
+        logged = read_scalars(root, (VAL_TAG, "train/tokens"))
+        tokens = [v for t, v in logged.get("train/tokens", []) if t <= done["final_step"]]
         runs.setdefault(done["variant"], {})[int(done["seed"])] = {
-            "done": done, "root": root, "val": read_scalars(root, (VAL_TAG,)).get(VAL_TAG, [])}
+            "done": done, "root": root, "val": logged.get(VAL_TAG, []), "tokens": int(tokens[-1]) if tokens else None}
     order = [v.name for v in study.variants] if study else sorted(runs)
     return [v for v in order if v in runs], runs
 
@@ -319,8 +338,9 @@ def _plot_val(order, runs, path: Path, title: str) -> None:
     import numpy as np
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    cmap = plt.get_cmap("tab20")
+    cmap = plt.get_cmap("tab10")
     for i, name in enumerate(order):
+        style = "-" if i < 10 else "--"
         curves = [dict(r["val"]) for r in runs[name].values()]
         steps = sorted(set.intersection(*(set(c) for c in curves)))
         if not steps:
@@ -329,8 +349,9 @@ def _plot_val(order, runs, path: Path, title: str) -> None:
         for ax, tail in zip(axes, (False, True)):
             sel = slice(len(steps) // 2, None) if tail else slice(None)
             x = np.array(steps)[sel]
-            ax.plot(x, vals.mean(0)[sel], color=cmap(i), label=f"{name} (n={len(curves)})")
-            ax.fill_between(x, vals.min(0)[sel], vals.max(0)[sel], color=cmap(i), alpha=0.18)
+            ax.plot(x, vals.mean(0)[sel], style, color=cmap(i % 10), marker="o", markersize=3,
+                    label=f"{name} (n={len(curves)})")
+            ax.fill_between(x, vals.min(0)[sel], vals.max(0)[sel], color=cmap(i % 10), alpha=0.15)
     axes[0].set_title(f"{title}: validation loss (mean, min-max band over seeds)")
     axes[1].set_title("second half of training, zoomed")
     for ax in axes:
@@ -338,6 +359,37 @@ def _plot_val(order, runs, path: Path, title: str) -> None:
         ax.set_ylabel("val/loss")
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _plot_terminal(order, rows: dict, baseline: str, path: Path) -> None:
+    """Terminal validation loss per variant: every seed as a dot, mean ± std as a bar."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.0 + 0.75 * len(order), 4.2))
+    for i, v in enumerate(order):
+        r = rows[v]
+        xs = [i + 0.08 * (k - (len(r.losses) - 1) / 2) for k in range(len(r.losses))]
+        ax.scatter(xs, list(r.losses.values()), s=14, color="tab:blue", alpha=0.7, zorder=3)
+        ax.errorbar([i + 0.3], [r.mean], yerr=[0 if math.isnan(r.std) else r.std], fmt="s", color="black",
+                    markersize=4, capsize=3, zorder=4)
+    if baseline in rows:
+        b = rows[baseline]
+        ax.axhline(b.mean, color="gray", linestyle="--", linewidth=1, label=f"{baseline} mean")
+        if not math.isnan(b.std):
+            ax.axhspan(b.mean - SEPARATION * b.std, b.mean + SEPARATION * b.std, color="gray", alpha=0.12,
+                       label=f"{baseline} mean ± {SEPARATION:g} std")
+        ax.legend(fontsize=7)
+    ax.set_xticks(range(len(order)))
+    ax.set_xticklabels(order, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("terminal val/loss")
+    ax.set_title("terminal val loss: seeds (dots), mean ± std", fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -382,7 +434,7 @@ def _dynamics(order, runs, names: list[str], path: Path) -> Optional[str]:
                 if _site_key(t) != g:
                     continue
                 layer = t.split("/")[4]
-                ax.plot(steps, ys, styles[ni % len(styles)], label=f"{n} L{layer}", linewidth=1.2)
+                ax.plot(steps, ys, styles[ni % len(styles)], label=f"{n} {layer}", linewidth=1.2)
         ax.set_title(g, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)
@@ -416,6 +468,7 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
     dest = out
     if study is None and (runs_dir / "study.yaml").exists():
         study = load_study(runs_dir / "study.yaml")
+    meta = json.loads((runs_dir / "study_meta.json").read_text()) if (runs_dir / "study_meta.json").exists() else {}
     order, runs = collect(runs_dir, study)
     if not runs:
         raise SystemExit(f"study report: no complete runs ({DONE}) under {runs_dir}")
@@ -427,6 +480,7 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
         m, sd = _mean_std(list(losses.values()))
         rows[v] = Row(v, losses, m, sd)
     _plot_val(order, runs, dest / "val_loss.png", name)
+    _plot_terminal(order, rows, baseline, dest / "terminal_loss.png")
     dyn_names = (study.dynamics if study and study.dynamics else [baseline, "unified"])
     dyn = _dynamics(order, runs, dyn_names, dest / "scale_dynamics.png")
 
@@ -434,15 +488,18 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
     walls = [r["done"].get("wall_s_last_attempt", 0.0) for v in runs.values() for r in v.values()]
     lines = [f"# Study `{name}`: report", ""]
     lines += [f"Generated {_now()} by `python -m scalevec_lit study report {out}`."]
-    if study and study.path:
-        lines += [f"Runs made with `python -m scalevec_lit study run {study.path}` "
-                  f"(base: {', '.join(f'`{b}`' for b in study.base)}; shared args: "
+    if study:
+        run_cmd = meta.get("command") or f"python -m scalevec_lit study run {study.path}"
+        lines += [f"Runs made with `{run_cmd}` (started {meta.get('started', 'n/a')}; "
+                  f"base: {', '.join(f'`{b}`' for b in study.base)}; shared args: "
                   f"`{' '.join(study.args)}`; seeds {study.seeds})."]
     if command:
         lines += ["", command]
     finished = sorted(r["done"].get("finished", "") for v in runs.values() for r in v.values())
+    tokens = sorted({r["tokens"] for v in runs.values() for r in v.values() if r["tokens"]})
     lines += ["", f"{sum(len(v) for v in runs.values())} complete runs, {len(order)} variants; terminal step(s) "
-              f"{steps}; runs finished between {finished[0]} and {finished[-1]}; "
+              f"{steps} (0-based step of the last validation); training tokens per run (last logged `train/tokens`): "
+              f"{', '.join(f'{t:,}' for t in tokens) or 'n/a'}; runs finished between {finished[0]} and {finished[-1]}; "
               f"sum of run wall times {sum(walls) / 60:.1f} min.", ""]
     lines += ["## Terminal validation loss", "",
               f"Final `val/loss` per run; difference = variant − `{baseline}` (for claim 2 see the claims section, "
@@ -465,7 +522,7 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
             paired = f"{_fmt(c['paired_mean'], True)} ± {_fmt(c['paired_std'])}"
         lines.append(f"| {v} | {len(r.losses)} | {r.mean:.4f} ± {_fmt(r.std)} | {per_seed} | {diff} | {pooled} | "
                      f"{sep} | {paired} |")
-    lines += ["", "![validation loss](val_loss.png)", ""]
+    lines += ["", "![terminal loss](terminal_loss.png)", "", "![validation loss](val_loss.png)", ""]
     if study and study.claims:
         lines += ["## Claims", ""]
         for claim in study.claims:
@@ -494,6 +551,9 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
                   f"Mean effective γ per layer and site (from `ScaleVectorMonitor`'s `scale/<role>/<site>/<branch>/"
                   f"<layer>/<part>/mean` and `.../gamma/mean` tags; mean over seeds) for {', '.join(dyn_names)}.", "",
                   f"![scale dynamics]({dyn})", ""]
+    notes = dest / "notes.md"
+    if notes.exists():  # hand-written discussion, kept across regenerations
+        lines += ["## Discussion", "", notes.read_text().strip(), ""]
     path = dest / "report.md"
     path.write_text("\n".join(lines) + "\n")
     print(f"[study] wrote {path}")

@@ -1,0 +1,298 @@
+"""Overhead of the scale-vector strategies and of Lightning, on the smoke model (recipes/smoke.yaml).
+
+Two measurements, each interleaved in one process so that the machine's drifts hit both sides alike:
+
+1. ``presets``: one training step (forward, cross-entropy, backward, grad-norm clip 1.0, AdamW step with
+   the library's parameter groups, LR schedule, ``zero_grad(set_to_none=True)``) of every strategy preset
+   in ``recipes/strategy/``, round after round (the order rotates each round); per round the ratio
+   t(preset) / t(baseline); the result is the median ratio over the rounds (warm-up rounds dropped), with
+   its interquartile range. Peak memory per preset, deterministic: parameter + optimizer-state bytes, plus
+   the peak of the running sum of the CPU allocator events that ``torch.profiler`` (``profile_memory=True``)
+   records during one training step after warm-up (activations, gradients, temporaries).
+2. ``lightning``: the ``CausalLM`` training step under Lightning's ``Trainer`` (TensorBoard logger,
+   ``log_every_n_steps=10``, gradient clipping 1.0, no checkpointing or progress bar) vs a plain PyTorch
+   loop over the same model (a second copy, same init) and the same data module: a callback, last in
+   the list, runs one plain step after each Lightning step (A B A B ...). A Lightning step is the time
+   from the end of the previous plain step to the callbacks' ``on_train_batch_end`` (data fetch,
+   hooks, logging, optimizer, clipping, schedule); a plain step includes its own data fetch.
+
+    .venv/bin/python benchmarks/overhead.py                          # both, all presets, 150 rounds
+    .venv/bin/python benchmarks/overhead.py --only presets --presets baseline unified --rounds 200
+    .venv/bin/python benchmarks/overhead.py --only lightning --rounds 200 --json out.json
+
+Neither RoleWeightDecay nor ScaleVectorMonitor is attached (see ``benchmarks/monitor_overhead.py`` for the
+monitor). Imports the library (model, ``CausalLM``, data module) and Lightning; the library must not
+import this file.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as dt
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PRESETS = ["baseline", "no_scale", "unit_offset", "hg", "dp", "dnp", "or", "er", "unified", "qk_norm", "sandwich"]
+
+
+def build_module(preset: str, data_dir: str, seed: int = 0):
+    """A ``CausalLM`` from recipes/smoke.yaml's ``model`` section with the preset's strategy, model built."""
+    import yaml
+    from jsonargparse import ArgumentParser
+
+    from scalevec_lit.data.datamodule import TokenDataModule
+    from scalevec_lit.lit.module import CausalLM
+
+    model = yaml.safe_load((ROOT / "recipes" / "smoke.yaml").read_text())["model"]
+    model["strategy"] = yaml.safe_load((ROOT / "recipes" / "strategy" / f"{preset}.yaml").read_text())["model"]["strategy"]
+    model["vocab_size"] = TokenDataModule(data_dir=data_dir).vocab_size
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(CausalLM, "model")
+    module = parser.instantiate(parser.parse_object({"model": model})).model
+    torch.manual_seed(seed)
+    module.configure_model()
+    return module
+
+
+def optimizer_of(module, max_steps: int = 100_000):
+    module.schedule.with_max_steps(max_steps)  # outside a Trainer the schedule needs its length
+    conf = module.configure_optimizers()
+    return conf["optimizer"], conf["lr_scheduler"]["scheduler"]
+
+
+def batches(data_dir: str, batch_size: int, n: int, seed: int = 0) -> list[torch.Tensor]:
+    from scalevec_lit.data.datamodule import TokenDataModule
+
+    dm = TokenDataModule(data_dir=data_dir, seq_len=128, batch_size=batch_size, seed=seed)
+    dm.setup("fit")
+    it = iter(dm.train_dataloader())
+    return [next(it) for _ in range(n)]
+
+
+class PlainStep:
+    """The plain PyTorch training step over a ``CausalLM``'s model (the same math as Lightning's)."""
+
+    def __init__(self, module) -> None:
+        self.module = module
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.opt, self.sched = optimizer_of(module)
+        module.train()
+
+    def __call__(self, batch: torch.Tensor) -> float:
+        loss, _ = self.module._loss(batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+
+def state_bytes(step: PlainStep) -> int:
+    n = sum(p.numel() * p.element_size() for p in step.params)
+    for st in step.opt.state.values():
+        n += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))
+    return n
+
+
+def step_peak_bytes(step: PlainStep, batch: torch.Tensor) -> int:
+    """Peak of the running sum of allocator events during one step (grads are None at its start)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step(batch)
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    run = peak = 0
+    for _, nbytes in events:
+        run += nbytes
+        peak = max(peak, run)
+    return peak
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(xs, n=4)
+    return q[0], statistics.median(xs), q[2]
+
+
+def bench_presets(presets: list[str], data_dir: str, rounds: int, warmup: int, batch_size: int) -> dict:
+    if "baseline" not in presets:
+        presets = ["baseline", *presets]
+    data = batches(data_dir, batch_size, 8)
+    steps = {p: PlainStep(build_module(p, data_dir)) for p in presets}
+    times: dict[str, list[float]] = {p: [] for p in presets}
+    for r in range(warmup + rounds):
+        order = presets[r % len(presets):] + presets[: r % len(presets)]
+        batch = data[r % len(data)]
+        for p in order:
+            t0 = time.perf_counter()
+            steps[p](batch)
+            t1 = time.perf_counter()
+            if r >= warmup:
+                times[p].append(t1 - t0)
+    out = {}
+    for p in presets:
+        ratios = [a / b for a, b in zip(times[p], times["baseline"])]
+        persistent = state_bytes(steps[p])
+        transient = step_peak_bytes(steps[p], data[0])
+        out[p] = {"median_step_s": statistics.median(times[p]), "time_ratio_q": quartiles(ratios),
+                  "persistent_bytes": persistent, "step_peak_bytes": transient, "peak_bytes": persistent + transient,
+                  "scale_params": sum(p_.numel() for n, p_ in steps[p].module.named_parameters()
+                                      if _is_scale(steps[p].module, p_))}
+    for p in presets:
+        out[p]["mem_ratio"] = out[p]["peak_bytes"] / out["baseline"]["peak_bytes"]
+    return out
+
+
+def _is_scale(module, param) -> bool:
+    from scalevec_lit.scale.registry import scale_parameters
+
+    ids = getattr(module, "_scale_ids", None)
+    if ids is None:
+        ids = module._scale_ids = {id(sp.param) for sp in scale_parameters(module)}
+    return id(param) in ids
+
+
+def bench_lightning(data_dir: str, rounds: int, warmup: int, batch_size: int) -> dict:
+    import lightning as L
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from scalevec_lit.data.datamodule import TokenDataModule
+
+    lit = build_module("baseline", data_dir)
+    total = warmup + rounds + 1  # the same LR schedule on both sides: fixed to the Trainer's length
+    lit.schedule.warmup_steps = min(lit.schedule.warmup_steps, total)
+    lit.schedule.max_steps, lit.schedule._max_steps_fixed = total, True
+    plain = PlainStep(copy.deepcopy(lit))
+    plain_data = TokenDataModule(data_dir=data_dir, seq_len=128, batch_size=batch_size, seed=0)
+    plain_data.setup("fit")
+    state = {"it": iter(plain_data.train_dataloader()), "t_end": None, "lit": [], "plain": []}
+
+    def next_plain_batch():
+        try:
+            return next(state["it"])
+        except StopIteration:
+            state["it"] = iter(plain_data.train_dataloader())
+            return next(state["it"])
+
+    class Interleave(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            now = time.perf_counter()
+            if state["t_end"] is not None:
+                state["lit"].append(now - state["t_end"])
+                t0 = time.perf_counter()
+                plain(next_plain_batch())
+                state["plain"].append(time.perf_counter() - t0)
+            state["t_end"] = time.perf_counter()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = L.Trainer(
+            accelerator="cpu", devices=1, precision="32-true", max_steps=total,
+            logger=TensorBoardLogger(tmp, name="bench"), log_every_n_steps=10, gradient_clip_val=1.0,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            limit_val_batches=0, num_sanity_val_steps=0, callbacks=[Interleave()], default_root_dir=tmp,
+        )
+        dm = TokenDataModule(data_dir=data_dir, seq_len=128, batch_size=batch_size, seed=0)
+        trainer.fit(lit, datamodule=dm)
+    lit_t, plain_t = state["lit"][warmup:], state["plain"][warmup:]
+    ratios = [a / b for a, b in zip(lit_t, plain_t)]
+    return {"rounds": len(ratios), "lightning_median_s": statistics.median(lit_t),
+            "plain_median_s": statistics.median(plain_t), "time_ratio_q": quartiles(ratios)}
+
+
+def profile_diff(preset: str, data_dir: str, steps: int, batch_size: int, top: int = 15) -> list[tuple[str, float, float]]:
+    """Self CPU time per op (ms per step) of ``preset`` vs baseline under torch.profiler, interleaved in
+    blocks of one step; the ``top`` ops with the largest difference: ``(op, baseline_ms, preset_ms)``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    data = batches(data_dir, batch_size, 4)
+    runners = {p: PlainStep(build_module(p, data_dir)) for p in ("baseline", preset)}
+    for p in runners:  # warm-up (optimizer state, allocator)
+        for b in data[:2]:
+            runners[p](b)
+    totals: dict[str, dict[str, float]] = {p: {} for p in runners}
+    for i in range(steps):
+        for p, step in runners.items():
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                step(data[i % len(data)])
+            for ev in prof.key_averages():
+                totals[p][ev.key] = totals[p].get(ev.key, 0.0) + ev.self_cpu_time_total / 1e3 / steps
+    keys = set(totals["baseline"]) | set(totals[preset])
+    rows = [(k, totals["baseline"].get(k, 0.0), totals[preset].get(k, 0.0)) for k in keys]
+    rows.sort(key=lambda r: -(r[2] - r[1]))
+    return rows[:top] + [("TOTAL (all ops)", sum(r[1] for r in rows), sum(r[2] for r in rows))]
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import os
+
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", choices=["presets", "lightning", "none"], default=None)
+    ap.add_argument("--profile", default=None, metavar="PRESET",
+                    help="instead: torch.profiler self CPU time per op, PRESET vs baseline (--rounds steps)")
+    ap.add_argument("--presets", nargs="+", default=PRESETS)
+    ap.add_argument("--rounds", type=int, default=150)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch-size", type=int, default=16, help="smoke recipe: 16 x 128 tokens")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--data-dir", default=str(ROOT / "data" / "prepared" / "shakespeare"))
+    ap.add_argument("--json", default=None, help="also write the results here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    unknown = set(args.presets) - set(PRESETS)
+    if unknown:
+        ap.error(f"unknown presets {sorted(unknown)}; choose from {PRESETS}")
+    result = {"command": "python benchmarks/overhead.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
+              "batch": f"{args.batch_size} x 128 tokens", "rounds": args.rounds, "warmup": args.warmup}
+    print(f"# {result['command']}\n# {result['date']}; {result['machine']}; batch {result['batch']}", flush=True)
+    if args.profile:
+        rows = result["profile"] = profile_diff(args.profile, args.data_dir, args.rounds, args.batch_size)
+        print(f"\n| op (self CPU time, ms per step) | baseline | {args.profile} | difference |\n|---|---|---|---|")
+        for k, a, b in rows:
+            print(f"| `{k}` | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
+        args.only = "none"
+    if args.only in (None, "presets"):
+        res = result["presets"] = bench_presets(args.presets, args.data_dir, args.rounds, args.warmup, args.batch_size)
+        print("\n| preset | scale params | median step | time vs baseline (median, IQR) | peak memory | memory vs baseline |")
+        print("|---|---|---|---|---|---|")
+        for p, r in res.items():
+            q1, med, q3 = r["time_ratio_q"]
+            print(f"| {p} | {r['scale_params']:,} | {r['median_step_s'] * 1e3:.1f} ms | {med:.3f}× ({q1:.3f}–{q3:.3f}) | "
+                  f"{r['peak_bytes'] / 2**20:.2f} MiB | {r['mem_ratio']:.4f}× |", flush=True)
+    if args.only in (None, "lightning"):
+        res = result["lightning"] = bench_lightning(args.data_dir, args.rounds, args.warmup, args.batch_size)
+        q1, med, q3 = res["time_ratio_q"]
+        print(f"\n| Lightning CausalLM step | plain PyTorch step | ratio (median of {res['rounds']} paired rounds, IQR) |")
+        print("|---|---|---|")
+        print(f"| {res['lightning_median_s'] * 1e3:.1f} ms | {res['plain_median_s'] * 1e3:.1f} ms | "
+              f"{med:.3f}× ({q1:.3f}–{q3:.3f}) |", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
