@@ -181,6 +181,13 @@ def test_ndim_and_all_presets_set_the_other_groups_consistently():
         assert torch.equal(sp.param.detach(), _decayed(torch.ones_like(sp.param), [0.01, 0.01], 0.1)), sp.info.tag
 
 
+def test_without_role_decay_the_module_says_scales_are_not_decayed():
+    lm = _lm(QK_NORM, partial(torch.optim.AdamW, lr=0.01, weight_decay=0.1))
+    _, caught = _fit(lm, [], steps=1)
+    assert any("scale vectors are not decayed" in m and "RoleWeightDecay" in m for m in caught)
+    assert all(torch.equal(sp.param.detach(), torch.ones_like(sp.param)) for sp in scale_parameters(lm.model))
+
+
 def test_role_decay_errors_name_key_value_and_fix():
     with pytest.raises(ValueError, match=r"RoleWeightDecay.preset: 'iwdd' is not one of iwd, decay_all, decay_none, ndim, all"):
         RoleWeightDecay(preset="iwdd")
