@@ -115,7 +115,8 @@ def test_study_runs_resumes_after_kill_skips_done_and_reports(prepared_data, tmp
     assert "### unified beats baseline" in report and "**Verdict: " in report
     for png in ("val_loss.png", "terminal_loss.png", "scale_dynamics.png"):
         data = (out / png).read_bytes()
-        assert data[:8] == PNG_MAGIC and len(data) > 10_000
+        width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")  # IHDR
+        assert data[:8] == PNG_MAGIC and width >= 300 and height >= 300 and len(data) > 5_000, (png, width, height)
     assert "![scale dynamics](scale_dynamics.png)" in report
 
     # 4. everything done: a third call runs nothing
@@ -142,10 +143,19 @@ def test_callbacks_update_in_place_or_append():
     assert paths.count(st.RWD) == 1 and paths.count("scalevec_lit.callbacks.ScaleVectorMonitor") == 1
     assert cbs[paths.index(st.RWD)]["init_args"]["preset"] == "decay_none"
     assert cbs[paths.index("scalevec_lit.callbacks.ScaleVectorMonitor")]["init_args"] == {"every_n_steps": 7}
-    # dense_0.12b lists neither: both are appended, the default decay preset applies
+    # dense_0.12b lists both with other settings: updated in place, the recipe's other init args kept
     gpu = st.Study(name="g", base=[str(ROOT / "recipes" / "dense_0.12b.yaml")], args=[], seeds=[1],
                    variants=[st.Variant("b")], callbacks=dict(smoke.callbacks))
     cbs = st.run_callbacks(gpu, gpu.variants[0])
+    paths = [c["class_path"] for c in cbs]
+    assert paths.count(st.RWD) == 1 and paths.count("scalevec_lit.callbacks.ScaleVectorMonitor") == 1
+    assert cbs[paths.index("scalevec_lit.callbacks.ScaleVectorMonitor")]["init_args"] == {
+        "every_n_steps": 7, "histogram_every_n_steps": 1000}
+    assert cbs[paths.index(st.RWD)]["init_args"] == {"preset": "iwd"}
+    # a recipe listing neither gets both appended, with the default decay preset
+    bare = st.Study(name="b", base=[str(ROOT / "recipes" / "examples" / "parallel_block.yaml")], args=[], seeds=[1],
+                    variants=[st.Variant("c")], callbacks=dict(smoke.callbacks))
+    cbs = st.run_callbacks(bare, bare.variants[0])
     assert cbs[-2:] == [{"class_path": "scalevec_lit.callbacks.ScaleVectorMonitor", "init_args": {"every_n_steps": 7}},
                         {"class_path": st.RWD, "init_args": {"preset": "iwd"}}]
 
