@@ -371,7 +371,7 @@ def _plot_terminal(order, rows: dict, baseline: str, path: Path) -> None:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(1.0 + 0.75 * len(order), 4.2))
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.0 + 0.75 * len(order)), 4.2))
     for i, v in enumerate(order):
         r = rows[v]
         xs = [i + 0.08 * (k - (len(r.losses) - 1) / 2) for k in range(len(r.losses))]
