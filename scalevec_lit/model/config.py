@@ -152,7 +152,3 @@ SIZES: dict[str, TransformerConfig] = {
         vocab_size=_LLAMA_VOCAB, seq_len=2048, n_layer=26, n_embd=2560, n_head=20, n_kv_head=4, intermediate_size=7168
     ),
 }
-
-
-def config_fields() -> list[str]:
-    return [f.name for f in fields(TransformerConfig)]

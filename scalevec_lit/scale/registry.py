@@ -46,7 +46,3 @@ def scale_vectors(model: nn.Module) -> Iterator[tuple[ScaleInfo, ScaleVector]]:
     for module in model.modules():
         if isinstance(module, ScaleSite):
             yield from module.scale_vectors()
-
-
-def scale_parameter_ids(model: nn.Module) -> set[int]:
-    return {id(sp.param) for sp in scale_parameters(model)}
