@@ -1,8 +1,13 @@
-"""The command line: ``python -m scalevec_lit {fit,validate,test,prepare} ...``.
+"""The command line: ``python -m scalevec_lit {fit,validate,test,prepare,export,study} ...``.
 
 ``fit``/``validate``/``test`` are LightningCLI subcommands over ``CausalLM`` and ``TokenDataModule``
 (YAML recipes, ``--print_config``); the data module's vocabulary and the model's sequence length are
 linked so that a recipe cannot disagree with its tokenizer. ``prepare`` tokenizes text into chunks.
+
+Every command runs under ``errors.run_guarded``: a user error is one paragraph and exit code 2 (command
+line, recipe) or 1 (run time), no traceback unless ``--debug`` or ``SCALEVEC_DEBUG=1``. The recipe is
+checked before anything is built (``checks.py``); a run stopped by a signal saved a checkpoint and exits
+with 128 + the signal number (``callbacks/checkpoint.py``).
 """
 from __future__ import annotations
 
@@ -16,8 +21,10 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from .checks import check_command, check_config, check_config_files
 from .data.datamodule import TokenDataModule
-from .lit.checkpoint import CheckpointError, SafeCheckpointIO, verify_checkpoint
+from .errors import debug_enabled, one_paragraph, run_guarded
+from .lit.checkpoint import SafeCheckpointIO, verify_checkpoint
 from .lit.module import CausalLM
 
 EXTRA_COMMANDS = {
@@ -54,12 +61,18 @@ class ScaleVecArgumentParser(LightningArgumentParser):
                 f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else
                 "; run with --help or --print_config to see the accepted keys"
             )
-        return super().error(message, ex)
+        if not self.exit_on_error or debug_enabled():
+            return super().error(message, ex)
+        print(f"error: {one_paragraph(message)}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 class ScaleVecCLI(LightningCLI):
     """LightningCLI with the links between data and model, and errors that suggest the fix."""
 
+    def before_instantiate_classes(self) -> None:
+        if self.subcommand is not None:
+            check_config(self.config[self.subcommand], self.subcommand)
 
     def instantiate_trainer(self, **kwargs):
         trainer = super().instantiate_trainer(**kwargs)
@@ -84,15 +97,26 @@ class ScaleVecCLI(LightningCLI):
 
 def main(args: Optional[list[str]] = None):
     """Run a command; returns the ``ScaleVecCLI`` (for in-process use: ``main([...]).model``)."""
-    argv = list(sys.argv[1:] if args is None else args)
-    if argv and argv[0] in EXTRA_COMMANDS:
+    return run_guarded(_dispatch, list(sys.argv[1:] if args is None else args))
+
+
+def _dispatch(argv: list[str]):
+    check_command(argv, EXTRA_COMMANDS)
+    if argv[0] in EXTRA_COMMANDS:
         import importlib
 
         return importlib.import_module(EXTRA_COMMANDS[argv[0]]).main(argv[1:])
-    try:
-        return _run_cli(args)
-    except CheckpointError as err:
-        raise SystemExit(f"error: {err}") from None
+    check_config_files(argv)
+    cli = _run_cli(None if argv == sys.argv[1:] else argv)  # None: LightningCLI reads sys.argv itself
+    stop = getattr(cli, "trainer", None) and stopped_by_signal(cli.trainer)
+    if stop:
+        raise SystemExit(stop)
+    return cli
+
+
+def stopped_by_signal(trainer) -> int:
+    """128 + the signal number when a checkpoint callback stopped the run on a signal, else 0."""
+    return max((getattr(cb, "stop_exit_code", 0) for cb in trainer.callbacks), default=0)
 
 
 def _run_cli(args: Optional[list[str]]):

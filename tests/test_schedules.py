@@ -68,8 +68,6 @@ def test_max_steps_follows_each_fit_unless_fixed():
 def test_errors_name_key_value_and_fix():
     with pytest.raises(ValueError, match=r"model.schedule.max_steps: None; WarmupCosine needs .* set max_steps"):
         WarmupCosine(warmup_steps=2)(5)
-    with pytest.raises(ValueError, match=r"model.schedule.max_steps: 5 is shorter than warmup_steps=10; lower"):
-        WarmupCosine(warmup_steps=10).with_max_steps(5)
     with pytest.raises(ValueError, match=r"model.schedule.decay_fraction: 0.9 starts the decay at step 10, before "
                                          r"warmup_steps=20 ends .*lower decay_fraction or warmup_steps"):
         WSD(warmup_steps=20, decay_fraction=0.9, max_steps=100)
@@ -79,6 +77,18 @@ def test_errors_name_key_value_and_fix():
         WarmupCosine(min_lr_ratio=1.5)
     with pytest.raises(ValueError, match=r"model.schedule.warmup_steps: -1 must be >= 0"):
         Constant(warmup_steps=-1)
+
+
+def test_warmup_longer_than_the_run_is_clipped_with_a_notice(capsys):
+    s = WarmupCosine(warmup_steps=10).with_max_steps(5)
+    assert s.warmup_steps == 5 and [s(i) for i in range(5)] == [0.2, 0.4, 0.6, 0.8, 1.0]
+    assert capsys.readouterr().err.count("\n") == 1  # one line
+    s.with_max_steps(100)  # a later, longer fit warms up as the recipe asked
+    assert s.warmup_steps == 10
+    w = WSD(warmup_steps=30, decay_fraction=0.2, decay_shape="linear").with_max_steps(5)
+    assert w.warmup_steps == 4 and w.decay_steps() == 1 and w(4) == 1.0 and w(5) == 0.0
+    err = capsys.readouterr().err
+    assert "note: model.schedule.warmup_steps: 30 is longer than this run (5 steps); warming up over 4" in err
 
 
 def test_lambda_lr_applies_the_schedule_to_every_group():

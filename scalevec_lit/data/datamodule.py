@@ -51,6 +51,11 @@ class TokenDataModule(L.LightningDataModule):
         if not self.data_dirs:
             raise ValueError("data.data_dir: an empty list; give at least one prepared folder")
         self.data_dir = self.data_dirs[0]
+        if int(seq_len) < 1:
+            raise ValueError(f"model.config.seq_len: {seq_len}: must be at least 1 token per example; set a "
+                             "positive length, e.g. --model.config.seq_len=128")
+        if int(batch_size) < 1:
+            raise ValueError(f"data.batch_size: {batch_size}: must be at least 1; set e.g. --data.batch_size=8")
         self.seq_len = int(seq_len)
         self.batch_size = int(batch_size)
         self.num_workers = int(num_workers)
@@ -108,6 +113,11 @@ class TokenDataModule(L.LightningDataModule):
                 return json.load(fh)
         root = Path(data_dir)
         meta = root / META
+        if root.is_file():
+            raise NotADirectoryError(
+                f"data.data_dir: {data_dir!r}: is a file, not a prepared folder; give the folder that "
+                "`python -m scalevec_lit prepare --output <folder>` wrote (it holds meta.json, train/ and val/)"
+            )
         if not meta.is_file():
             hint = (
                 "run `make prepare` (the embedded corpus)"

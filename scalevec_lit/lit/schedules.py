@@ -6,6 +6,8 @@ again at every fit, so a schedule object reused for a second fit follows the new
 step ``s`` is the multiplier of the optimizer step with index ``s`` (0-based, as ``LambdaLR`` calls it):
 warmup gives ``(s + 1) / warmup_steps``, so no step runs at lr 0; decays reach their floor at
 ``s = max_steps`` (the step after the last one), as Hugging Face's and torchtitan's schedules do.
+A warmup longer than the run (``--trainer.max_steps=5`` on a recipe with 30 warmup steps) is clipped to
+the run (for WSD: to the start of the decay) with a one-line notice, so a short run of any recipe works.
 
 Must not import Lightning.
 """
@@ -22,6 +24,7 @@ class Schedule:
         if warmup_steps < 0:
             raise ValueError(f"model.schedule.warmup_steps: {warmup_steps} must be >= 0")
         self.warmup_steps = int(warmup_steps)
+        self._warmup_requested = self.warmup_steps  # what the recipe asked for; clipped per run in check()
         self.max_steps = None if max_steps is None else int(max_steps)
         self._max_steps_fixed = max_steps is not None  # given by the user: never replaced by the trainer's
         if self.max_steps is not None:
@@ -35,12 +38,18 @@ class Schedule:
         return self
 
     def check(self) -> None:
-        """Validate the schedule once ``max_steps`` is known; errors name the key, the value and the fix."""
-        if self.max_steps < self.warmup_steps:
-            raise ValueError(
-                f"model.schedule.max_steps: {self.max_steps} is shorter than warmup_steps={self.warmup_steps}; "
-                "lower the warmup or train longer"
-            )
+        """Validate the schedule once ``max_steps`` is known; clip a warmup longer than the run."""
+        self._clip_warmup(self.max_steps)
+
+    def _clip_warmup(self, limit: int) -> None:
+        requested = self._warmup_requested
+        self.warmup_steps = requested
+        if requested > self.max_steps:
+            self.warmup_steps = max(0, int(limit))
+            from ..errors import notice
+
+            notice(f"model.schedule.warmup_steps: {requested} is longer than this run ({self.max_steps} steps); "
+                   f"warming up over {self.warmup_steps} steps instead")
 
     def total_steps(self) -> int:
         if self.max_steps is None:
@@ -111,7 +120,7 @@ class WSD(Schedule):
         return int(math.floor(self.decay_fraction * self.total_steps() + 0.5))
 
     def check(self) -> None:
-        super().check()
+        self._clip_warmup(self.max_steps - self.decay_steps())
         start = self.max_steps - self.decay_steps()
         if self.decay_steps() and start < self.warmup_steps:
             raise ValueError(

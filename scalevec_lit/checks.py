@@ -1,0 +1,159 @@
+"""Checks of a command line and its recipe before anything is built, each failing as one ``UserError``.
+
+- ``check_command``: the subcommand exists (with the closest one suggested).
+- ``check_config_files``: every ``--config`` file exists, has no tab in its indentation and parses as YAML
+  (the file, line and column are named).
+- ``check_config``: values the model, the data and Lightning would otherwise reject with a traceback or
+  accept silently: ``trainer.max_steps``, a GPU accelerator on a machine without one, the learning rate
+  (negative refused, 0 warned), ``model.config.seq_len``, ``data.batch_size``, ``data.data_dir``; a
+  callback given twice (the recipe's and ``--trainer.callbacks+=...``) keeps the later one, with a note.
+"""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import UserError, notice
+
+LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
+CPU_FLAGS = "--trainer.accelerator=cpu --trainer.devices=1 --trainer.num_nodes=1 --trainer.strategy=auto " \
+            "--model.compile=false"
+
+
+def check_command(argv: list[str], extra: Iterable[str]) -> None:
+    known = [*LIGHTNING_COMMANDS, *extra]
+    if not argv:
+        raise UserError("command", "(none)", "no command given", f"use one of {', '.join(known)} (e.g. "
+                        "`python -m scalevec_lit fit --config recipes/smoke.yaml`)")
+    first = argv[0]
+    if first.startswith("-") or first in known:
+        return
+    close = difflib.get_close_matches(first, known, n=1, cutoff=0.5)
+    raise UserError("command", first, "unknown command",
+                    (f"did you mean '{close[0]}'? " if close else "") + f"the commands are {', '.join(known)}")
+
+
+def _config_paths(argv: list[str]) -> list[str]:
+    paths = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            paths.append(argv[i + 1])
+        elif arg.startswith("--config="):
+            paths.append(arg.split("=", 1)[1])
+    return paths
+
+
+def check_config_files(argv: list[str]) -> None:
+    """Every ``--config`` file exists and is valid YAML without tabs in its indentation."""
+    import yaml
+
+    for name in _config_paths(argv):
+        path = Path(name)
+        if name.lstrip().startswith("{") or "\n" in name:  # an inline YAML/JSON string
+            continue
+        if not path.is_file():
+            recipes = sorted(p.name for p in (Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
+            close = difflib.get_close_matches(path.name, recipes, n=2, cutoff=0.6)
+            what = "is a folder" if path.is_dir() else "no such file"
+            raise UserError("--config", name, what, "give the path of a YAML recipe" + (
+                f" (did you mean recipes/{' or recipes/'.join(close)}?)" if close else
+                " (the shipped ones are in recipes/, e.g. recipes/smoke.yaml)"))
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for lineno, line in enumerate(text.splitlines(), 1):
+            indent = line[: len(line) - len(line.lstrip(" \t"))]
+            if "\t" in indent:
+                raise UserError(f"{name}:{lineno}", repr(line.strip()[:40]), "indented with a tab (YAML allows "
+                                "only spaces)", "replace the tabs by spaces")
+        try:
+            yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise UserError(where, "(YAML)", f"not valid YAML ({problem})", "fix the file at that line") from None
+
+
+def _get(ns: Any, dotted: str, default: Any = None) -> Any:
+    for part in dotted.split("."):
+        if ns is None:
+            return default
+        ns = ns.get(part) if hasattr(ns, "get") else getattr(ns, part, None)
+    return default if ns is None else ns
+
+
+def _number(value: Any) -> Any:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def check_config(cfg: Any, subcommand: str) -> None:
+    """Checks on the parsed config of ``subcommand`` (a jsonargparse Namespace), before instantiation."""
+    steps = _number(_get(cfg, "trainer.max_steps"))
+    if subcommand == "fit" and steps is not None and (steps == 0 or steps < -1):
+        raise UserError("trainer.max_steps", steps, "a run needs at least one optimizer step" if steps == 0 else
+                        "must be a positive number of optimizer steps", "set it to 1 or more, e.g. "
+                        "--trainer.max_steps=100")
+    _check_accelerator(cfg)
+    seq_len = _number(_get(cfg, "model.config.seq_len"))
+    if seq_len is not None and seq_len < 1:
+        raise UserError("model.config.seq_len", seq_len, "must be at least 1 token per training example",
+                        "set a positive length, e.g. --model.config.seq_len=128")
+    for key in ("data.batch_size", "data.num_workers"):
+        value = _number(_get(cfg, key))
+        low = 1 if key == "data.batch_size" else 0
+        if value is not None and value < low:
+            raise UserError(key, value, f"must be at least {low}", f"set e.g. --{key}={max(low, 1)}")
+    if subcommand == "fit":
+        _check_learning_rate(cfg)
+    _dedupe_callbacks(cfg)
+
+
+def _check_accelerator(cfg: Any) -> None:
+    accelerator = str(_get(cfg, "trainer.accelerator", "auto")).lower()
+    if accelerator not in ("gpu", "cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError("trainer.accelerator", accelerator, "this recipe needs a CUDA GPU and this machine has "
+                        f"none (torch {torch.__version__})", "to run on the CPU, add " + CPU_FLAGS + " (a large "
+                        "model is very slow there: try `python -m scalevec_lit fit --config recipes/smoke.yaml` "
+                        "first)")
+
+
+def _check_learning_rate(cfg: Any) -> None:
+    init = _get(cfg, "model.optimizer.init_args")
+    if init is None:
+        return
+    for name in ("lr", "muon_lr"):
+        lr = _number(_get(init, name))
+        key = f"model.optimizer.init_args.{name}"
+        if lr is None:
+            continue
+        if lr < 0:
+            raise UserError(key, lr, "a negative learning rate climbs the loss", f"set a positive value, e.g. "
+                            f"--{key}=0.0003")
+        if lr == 0:
+            notice(f"{key}: 0: the weights will not change during this run (the schedule multiplies the base "
+                   "learning rate); set a positive value to train", kind="warning")
+
+
+def _dedupe_callbacks(cfg: Any) -> None:
+    """Keep one callback per class (the later one's options win), except checkpoint callbacks that differ."""
+    trainer = _get(cfg, "trainer")
+    callbacks = _get(trainer, "callbacks")
+    if not isinstance(callbacks, list) or len(callbacks) < 2:
+        return
+    kept: list[Any] = []
+    for cb in callbacks:
+        path = _get(cb, "class_path")
+        same = [k for k in kept if path is not None and _get(k, "class_path") == path]
+        if same and "Checkpoint" in str(path) and _get(same[0], "init_args") != _get(cb, "init_args"):
+            same = []  # two differently configured checkpoint callbacks are a legitimate pair
+        for old in same:
+            kept.remove(old)
+            notice(f"trainer.callbacks: {path} is given twice (the recipe's and the command line's); using "
+                   "one, with the options of the later one")
+        kept.append(cb)
+    if len(kept) != len(callbacks):
+        setattr(trainer, "callbacks", kept)

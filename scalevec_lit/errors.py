@@ -1,0 +1,111 @@
+"""User errors and notices: one paragraph each, the exit codes of every command, no traceback by default.
+
+Every user error is printed as one paragraph on stderr,
+``error: <key or file>: <value>: <what is wrong>; <the fix>``, and the command exits with
+
+- 2 for a bad command line or recipe (``UserError``, ``ValueError``, a missing file named on the command
+  line, Lightning's ``MisconfigurationException``),
+- 1 for a failure at run time (``RunError``, a corrupt checkpoint, a non-finite loss, an ``OSError``),
+- 128 + the signal number after a stop by SIGINT/SIGTERM/SIGUSR1 (a checkpoint was saved; see
+  ``callbacks/checkpoint.py``).
+
+``--debug`` (any position on the command line) or ``SCALEVEC_DEBUG=1`` shows the traceback instead.
+Anything else is a bug: one paragraph that says so, and how to see the traceback.
+
+Must not import Lightning or torch at module level (``prepare`` and ``export`` use it too).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Optional
+
+DEBUG_ENV = "SCALEVEC_DEBUG"
+
+
+class UserError(Exception):
+    """A mistake the user can fix: ``<key>: <value>: <problem>; <fix>`` (exit 2 by default)."""
+
+    exit_code = 2
+
+    def __init__(self, key: str, value: Any, problem: str, fix: str, exit_code: Optional[int] = None) -> None:
+        self.key, self.value, self.problem, self.fix = key, value, problem, fix
+        if exit_code is not None:
+            self.exit_code = exit_code
+        super().__init__(f"{key}: {value}: {problem}; {fix}")
+
+
+class RunError(UserError):
+    """A failure at run time that the user can act on (exit 1)."""
+
+    exit_code = 1
+
+
+def debug_enabled(argv: Optional[list[str]] = None) -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0") or bool(argv and "--debug" in argv)
+
+
+def strip_debug(argv: list[str]) -> tuple[list[str], bool]:
+    """``argv`` without ``--debug``, and whether it (or ``SCALEVEC_DEBUG``) asks for tracebacks."""
+    return [a for a in argv if a != "--debug"], debug_enabled(argv)
+
+
+def is_rank_zero() -> bool:
+    return all(os.environ.get(k, "0") == "0" for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID"))
+
+
+def notice(message: str, kind: str = "note") -> None:
+    """One line on stderr (rank zero only): ``note: ...`` or ``warning: ...``."""
+    if is_rank_zero():
+        print(f"{kind}: {message}", file=sys.stderr, flush=True)
+
+
+def exit_code_for(err: BaseException) -> Optional[int]:
+    """The exit code of a user-facing error, or ``None`` for an unexpected one (a bug)."""
+    if isinstance(err, UserError):
+        return err.exit_code
+    names = {cls.__name__ for cls in type(err).__mro__}
+    if names & {"CheckpointError", "NonFiniteLossError"}:
+        return 1
+    if names & {"MisconfigurationException", "ExportError", "ValueError", "FileNotFoundError", "FileExistsError",
+                "NotADirectoryError", "IsADirectoryError", "ArgumentError"}:
+        return 2
+    if isinstance(err, OSError):
+        return 1
+    return None
+
+
+def one_paragraph(message: str) -> str:
+    """Collapse runs of whitespace (jsonargparse and Lightning write several lines) into one paragraph."""
+    text = " ".join(str(message).split())
+    return text[len("error: "):] if text.startswith("error: ") else text
+
+
+def report(err: BaseException) -> int:
+    """Print ``err`` as one paragraph and return its exit code (1 for an unexpected error)."""
+    code = exit_code_for(err)
+    if code is None:
+        print(f"error: internal: {type(err).__name__}: {one_paragraph(str(err))}; this looks like a bug in "
+              f"scalevec_lit: run again with --debug (or {DEBUG_ENV}=1) for the traceback and report it",
+              file=sys.stderr, flush=True)
+        return 1
+    print(f"error: {one_paragraph(str(err))}", file=sys.stderr, flush=True)
+    return code
+
+
+def run_guarded(fn: Callable[[list[str]], Any], argv: list[str]) -> Any:
+    """Call ``fn(argv without --debug)``; turn any exception into one paragraph and ``SystemExit(code)``."""
+    argv, debug = strip_debug(list(argv))
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
+        return fn(argv)
+    try:
+        return fn(argv)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        print("error: interrupted (Ctrl-C) before training started; nothing was saved", file=sys.stderr)
+        raise SystemExit(130) from None
+    except BaseException as err:  # noqa: BLE001 - the point of this function
+        raise SystemExit(report(err)) from None
+
