@@ -7,7 +7,8 @@ goes to validation when a stable hash of (file, index) falls under ``val_fractio
 disjoint, reproducible and unchanged when files are added. Every segment is encoded with an
 end-of-text id appended, and the token stream is written with litdata's ``optimize`` (``TokensLoader``),
 in parallel workers over files. ``meta.json`` records the tokenizer, its vocabulary and the counts; the
-data module checks it.
+data module checks it. What prepare reads and where it writes (binary and undecodable files, the output
+folder it owns, ``--overwrite``) is in ``inputs.py``; it ends with a summary of files read and skipped.
 
 Must not import Lightning.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
+import sys
 import zlib
 from functools import partial
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Iterator, Optional
 
 import torch
 
+from .inputs import ERROR_POLICIES, claim_output, scan_inputs
 from .tokenizer import DEFAULT_TEXT_DIR, DEFAULT_TOKENIZER, Tokenizer, text_files
 
 META = "meta.json"
@@ -49,11 +51,12 @@ def is_val(rel: str, index: int, val_fraction: float) -> bool:
 
 
 def _tokenize_file(
-    path: str, *, root: str, tokenizer: str, split: str, val_fraction: float, segment_chars: int
+    path: str, *, root: str, tokenizer: str, split: str, val_fraction: float, segment_chars: int,
+    encoding: str = "utf-8",
 ) -> Iterator[torch.Tensor]:
     tok = _TOKENIZERS.get(tokenizer) or _TOKENIZERS.setdefault(tokenizer, Tokenizer(tokenizer))
     rel = os.path.relpath(path, root)
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    text = Path(path).read_bytes().decode(encoding, errors="replace")  # undecodable files were sorted out before
     for i, seg in enumerate(segments(text, segment_chars)):
         if is_val(rel, i, val_fraction) == (split == "val"):
             yield torch.tensor(tok.encode(seg), dtype=torch.int32)
@@ -68,19 +71,27 @@ def prepare(
     chunk_tokens: int = 1 << 17,
     num_workers: Optional[int] = None,
     overwrite: bool = False,
+    encoding: str = "utf-8",
+    errors: str = "skip",
 ) -> dict:
-    """Tokenize and chunk; returns the metadata written to ``<output_dir>/meta.json``."""
+    """Tokenize and chunk; returns the metadata written to ``<output_dir>/meta.json`` (with ``skipped``:
+    the binary and undecodable files left out)."""
     from litdata import TokensLoader, optimize
 
     if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction: {val_fraction} must be between 0 and 1 (exclusive), e.g. 0.05")
-    files = text_files(input_dir, key="input")
-    tok = Tokenizer(tokenizer, key="tokenizer")
+        raise ValueError(f"--val-fraction: {val_fraction}: must be between 0 and 1 (exclusive); e.g. 0.05")
+    for key, value, low in (("--segment-chars", segment_chars, 1), ("--chunk-tokens", chunk_tokens, 2)):
+        if value < low:
+            raise ValueError(f"{key}: {value}: must be at least {low}; use the default or a larger value")
+    found = text_files(input_dir, key="--input")
+    tok = Tokenizer(tokenizer, key="--tokenizer")
+    scan = scan_inputs(found, encoding, errors)
+    if not scan.files:
+        raise ValueError(f"--input: {str(input_dir)!r}: none of its {len(found)} file(s) is readable text ("
+                         + "; ".join(scan.summary(Path(input_dir))) + "); check --encoding or the folder")
+    files = scan.files
     out = Path(output_dir)
-    if out.exists():
-        if not overwrite and (out / META).exists():
-            raise FileExistsError(f"output: {str(out)!r} already holds prepared data; pass --overwrite to replace it")
-        shutil.rmtree(out)
+    claim_output(out, [Path(input_dir)], overwrite)
     workers = num_workers if num_workers is not None else max(1, min(len(files), os.cpu_count() or 1))
     counts = {}
     for split in ("train", "val"):
@@ -91,6 +102,7 @@ def prepare(
             split=split,
             val_fraction=val_fraction,
             segment_chars=segment_chars,
+            encoding=encoding,
         )
         optimize(
             fn=fn,
@@ -107,11 +119,15 @@ def prepare(
         counts[split] = int(sum(c["dim"] or 0 for c in index["chunks"]))
         if counts[split] == 0:
             raise ValueError(
-                f"input: {str(input_dir)!r} gave no {split} tokens; add text or change val_fraction ({val_fraction})"
+                f"--input: {str(input_dir)!r}: gave no {split} tokens; add text or change --val-fraction ({val_fraction})"
             )
     meta = {
         "source": str(Path(input_dir).resolve()),
         "files": len(files),
+        "encoding": encoding,
+        "skipped": {"binary": [str(p) for p in scan.binary],
+                    "undecodable": {str(p): n for p, n in scan.undecodable.items()},
+                    "replaced": {str(p): n for p, n in scan.replaced.items()}},
         "tokenizer": str(tok.path.resolve()),
         "tokenizer_sha256": tok.fingerprint(),
         "vocab_size": tok.vocab_size,
@@ -122,6 +138,7 @@ def prepare(
         "segment_chars": segment_chars,
     }
     (out / META).write_text(json.dumps(meta, indent=2))
+    meta["summary"] = [f"read {len(files)} of {len(found)} text file(s)", *scan.summary(Path(input_dir))]
     return meta
 
 
@@ -137,22 +154,28 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--segment-chars", type=int, default=4000)
     parser.add_argument("--chunk-tokens", type=int, default=1 << 17)
     parser.add_argument("--num-workers", type=int, default=None)
-    parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--encoding", default="utf-8", help="text encoding of the input files (default utf-8)")
+    parser.add_argument("--errors", choices=ERROR_POLICIES, default="skip",
+                        help="a file that does not decode: skip it and list it (default), replace the bad bytes "
+                             "by U+FFFD, or stop (strict)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier output of prepare (removes only prepare's own files)")
     parser.add_argument("--if-missing", action="store_true", help="do nothing when the output is already prepared")
     args = parser.parse_args(argv)
     if args.if_missing and (Path(args.output) / META).exists():
         print(f"{args.output} already prepared")
         return
-    try:
-        meta = prepare(
-            args.input, args.tokenizer, args.output, args.val_fraction, args.segment_chars, args.chunk_tokens,
-            args.num_workers, args.overwrite,
-        )
-    except (FileNotFoundError, FileExistsError, ValueError) as err:
-        raise SystemExit(f"error: {err}") from None
+    meta = prepare(
+        args.input, args.tokenizer, args.output, args.val_fraction, args.segment_chars, args.chunk_tokens,
+        args.num_workers, args.overwrite, args.encoding, args.errors,
+    )
+    for line in meta["summary"]:
+        print(f"prepare: {line}", file=sys.stderr)
     print(f"prepared {args.output}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens, "
           f"vocab {meta['vocab_size']}")
 
 
 if __name__ == "__main__":
-    main()
+    from ..errors import run_guarded
+
+    run_guarded(main, sys.argv[1:])
