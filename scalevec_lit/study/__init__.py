@@ -1,0 +1,62 @@
+"""Ablation studies: run a grid of (variant x learning rate x seed) ``fit`` runs resumably, then report on
+them with paired statistics.
+
+``python -m scalevec_lit study run <study.yaml> [--parallel N] [--out DIR] [--dry-run] [--report]``
+``python -m scalevec_lit study report <out dir> [--study <study.yaml>]``
+
+One file per job: ``spec`` (the study file and its grid, the ``fit`` command of a run), ``runner`` (run the
+grid resumably, record the code's commit), ``events`` (TensorBoard scalars, endpoints, complete runs),
+``stats`` (paired t, sign test, bootstrap CI, detectable effect, best LR), ``figures`` (PNG plots),
+``report`` (``report.md``). The study file format is documented in ``spec``.
+
+May import yaml, tensorboard's event reader and (lazily, Agg backend) matplotlib. Must not import torch,
+Lightning or the rest of ``scalevec_lit``: runs happen in subprocesses, so that a study process stays small
+and a crashed run cannot take the study down.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional
+
+from .events import collect_done, endpoint, read_scalars, run_endpoint
+from .runner import code_provenance, resolve_lr_from, run_study
+from .spec import (CKPT_DIR, DONE, RWD, VAL_TAG, Run, Study, Variant, fit_command, load_study, run_callbacks,
+                   run_dir)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scalevec_lit study", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_run = sub.add_parser("run", help="run the study's incomplete runs (resumable)")
+    p_run.add_argument("study")
+    p_run.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
+    p_run.add_argument("--out", default=None, help="runs folder (default: the study's `out`)")
+    p_run.add_argument("--dry-run", action="store_true", help="print the commands of the runs to do")
+    p_run.add_argument("--report", action="store_true", help="write the report when all runs are done")
+    p_run.add_argument("--limit", type=int, default=None, help="run at most this many of the incomplete runs")
+    p_run.add_argument("--allow-code-change", action="store_true",
+                       help="continue a study whose earlier runs were made at another commit")
+    p_rep = sub.add_parser("report", help="write report.md and plots from complete runs")
+    p_rep.add_argument("dir", help="the study's output folder (holding runs/) or the runs folder")
+    p_rep.add_argument("--study", default=None, help="the study YAML (default: the copy saved in the runs folder)")
+    args = parser.parse_args(argv)
+    if args.cmd == "run":
+        study = load_study(args.study)
+        out = Path(args.out or study.out)
+        failed = run_study(study, out, args.parallel, args.dry_run, args.allow_code_change, args.limit)
+        if args.report and not failed and not args.dry_run:
+            from .report import write_report
+
+            write_report(out.parent if out.name == "runs" else out, study)
+        return 1 if failed else 0
+    from .report import write_report
+
+    study = load_study(args.study) if args.study else None
+    write_report(Path(args.dir), study)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
