@@ -41,6 +41,23 @@ class RunError(UserError):
     exit_code = 1
 
 
+class ErrorExit(SystemExit):
+    """``SystemExit`` with an exit code whose ``str`` is the printed message (for in-process callers)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(code)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def fail(err: BaseException) -> ErrorExit:
+    """Print ``err`` as one paragraph; the ``SystemExit`` to raise (``raise fail(err) from None``)."""
+    code = report(err)
+    return ErrorExit(f"error: {one_paragraph(str(err))}", code)
+
+
 def debug_enabled(argv: Optional[list[str]] = None) -> bool:
     return os.environ.get(DEBUG_ENV, "") not in ("", "0") or bool(argv and "--debug" in argv)
 

@@ -2,4 +2,8 @@
 from .cli import main
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from ..errors import run_guarded
+
+    run_guarded(main, sys.argv[1:])

@@ -1,7 +1,10 @@
 """Reading checkpoints into ``(spec, state dict)`` and the fp32 model: a single-file Lightning checkpoint
 (``*.ckpt``), a distributed checkpoint folder written by ``ModelParallelStrategy`` (``*.distcp`` +
 ``.metadata`` + ``meta.pt``, consolidated on CPU without a process group), or a native export folder
-(``scalevec_spec.json`` + safetensors).
+(``scalevec_spec.json`` + safetensors). A single-file checkpoint is verified (zip structure, every
+member's CRC32: ``scalevec_lit.verify``) before it is loaded, so a truncated or corrupt file is refused
+with its name instead of exporting garbage weights. ``read_checkpoint_extra`` also returns what the
+checkpoint records about its run (``checkpoint['scalevec']``: the tokenizer identity among others).
 
 Plain torch (+ safetensors): must not import Lightning or transformers, nor the hf / write / cli modules
 of this package.
@@ -17,6 +20,7 @@ import torch
 from ..model.rope import rope_tables
 from ..model.spec import build_from_spec
 from ..model.transformer import Transformer
+from ..verify import verify_checkpoint
 from .errors import ExportError
 
 NATIVE_SPEC = "scalevec_spec.json"
@@ -56,6 +60,12 @@ def _clean_key(key: str) -> str:
 
 def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """``(spec, state dict of the Transformer)`` from a Lightning checkpoint, a DCP folder or a native export."""
+    spec, state, _ = read_checkpoint_extra(path)
+    return spec, state
+
+
+def read_checkpoint_extra(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any]]:
+    """``(spec, state dict, checkpoint['scalevec'])``; the file is verified before it is read."""
     p = Path(path)
     if not p.exists():
         raise ExportError(f"--ckpt: {str(path)!r} does not exist; give a Lightning .ckpt file or checkpoint folder")
@@ -63,7 +73,12 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.T
         from safetensors.torch import load_file
 
         spec = json.loads((p / NATIVE_SPEC).read_text())
-        return spec, {k: v for f in sorted(p.glob("model*.safetensors")) for k, v in load_file(f).items()}
+        files = sorted(p.glob("model*.safetensors"))
+        try:
+            return spec, {k: v for f in files for k, v in load_file(f).items()}, {}
+        except Exception as err:  # safetensors raises its own error types for a damaged file
+            raise ExportError(f"--ckpt: {str(path)!r}: a weight file is damaged ({type(err).__name__}: {err}); "
+                              "export it again from its checkpoint") from None
     if p.is_dir():
         if not (p / ".metadata").is_file():
             raise ExportError(
@@ -73,6 +88,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.T
         extra = _torch_load(p / "meta.pt") if (p / "meta.pt").is_file() else {}
         state = _read_dcp(p)
     else:
+        verify_checkpoint(p, full=True)
         extra = _torch_load(p)
         if not isinstance(extra, dict) or "state_dict" not in extra:
             raise ExportError(f"--ckpt: {str(path)!r} holds no 'state_dict'; give a checkpoint saved by Lightning")
@@ -86,7 +102,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.T
     model_state = {_clean_key(k[len("model."):]): v for k, v in state.items() if k.startswith("model.")}
     if not model_state:
         raise ExportError(f"--ckpt: {str(path)!r} has no 'model.*' weights in its state_dict")
-    return spec, model_state
+    return spec, model_state, dict(extra.get("scalevec") or {})
 
 
 def model_from_state(spec: dict[str, Any], state: dict[str, torch.Tensor]) -> Transformer:

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .checkpoint import load_model
+from .checkpoint import model_from_state, read_checkpoint_extra
+from ..errors import debug_enabled, fail
+from ..verify import CheckpointError
 from .errors import ExportError
 from .hf import DTYPES
 from .tokenizer import find_tokenizer
@@ -22,8 +24,9 @@ def export(ckpt: str | Path, out: str | Path, *, format: str = "hf", tokenizer: 
     """Read ``ckpt`` and export it (what ``python -m scalevec_lit export`` runs)."""
     if format not in ("hf", "native"):
         raise ExportError(f"--format: {format!r} is not one of hf, native")
-    model, spec = load_model(ckpt)
-    tok_path, note = find_tokenizer(ckpt, tokenizer)
+    spec, state, extra = read_checkpoint_extra(ckpt)
+    model = model_from_state(spec, state)
+    tok_path, note = find_tokenizer(ckpt, tokenizer, recorded=extra.get("tokenizer"))
     if format == "native":
         return save_native(model, out, spec=spec, tokenizer=tok_path, tokenizer_note=note,
                            max_shard_size=max_shard_size, overwrite=overwrite)
@@ -41,8 +44,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--format", choices=("hf", "native"), default="hf",
                         help="hf: Llama/Qwen3 layout, folded (default); native: our state dict + spec")
     parser.add_argument("--tokenizer", default=None,
-                        help="tokenizer.json to ship (default: the one the run's data was prepared with, found "
-                             "through the run's config.yaml; else the embedded one)")
+                        help="tokenizer.json to ship (default: the one recorded in the checkpoint; for older "
+                             "checkpoints the one the run's data was prepared with, through the run's config.yaml)")
     parser.add_argument("--max-shard-size", default="5GB", help="shard model.safetensors above this size (5GB)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="dtype of the hf weights")
     parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
@@ -50,7 +53,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     try:
         result = export(args.ckpt, args.out, format=args.format, tokenizer=args.tokenizer,
                         max_shard_size=args.max_shard_size, dtype=args.dtype, overwrite=args.overwrite)
-    except (ExportError, FileNotFoundError) as err:
-        raise SystemExit(f"error: {err}") from None
+    except (ExportError, FileNotFoundError, CheckpointError) as err:
+        if debug_enabled():
+            raise
+        raise fail(err) from None  # exit 2 (a bad argument), 1 (a corrupt checkpoint); str() is the message
     print(f"tokenizer: {result.tokenizer_note}", file=sys.stderr)
     print(f"exported {args.ckpt} as {result.architecture} ({result.format}) to {result.out}: {', '.join(result.files)}")

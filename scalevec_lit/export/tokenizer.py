@@ -1,5 +1,7 @@
-"""The tokenizer an export ships: found from ``--tokenizer``, a native export folder or the run's
-``config.yaml`` near the checkpoint (``find_tokenizer``), and written with the ``tokenizer_config.json`` and
+"""The tokenizer an export ships: the one recorded in the checkpoint (path and fingerprint, as in
+``meta.json``; an export ships exactly that tokenizer or refuses with the fix), ``--tokenizer`` (checked
+against the recorded fingerprint), a native export folder, or, for checkpoints written before the
+identity was recorded, the run's ``config.yaml`` near the checkpoint (``find_tokenizer``), written with the ``tokenizer_config.json`` and
 ``special_tokens_map.json`` transformers' AutoTokenizer reads (``write_tokenizer``).
 
 Plain Python (+ tokenizers, yaml): must not import torch, Lightning or transformers, nor the other export
@@ -23,7 +25,7 @@ def _run_configs(ckpt: Path) -> list[Path]:
     for folder in list(ckpt.resolve().parents)[:2]:
         if (folder / "config.yaml").is_file():
             return [folder / "config.yaml"]
-        found = sorted(folder.glob("*/version_*/config.yaml"))
+        found = sorted(folder.glob("version_*/config.yaml")) + sorted(folder.glob("*/version_*/config.yaml"))
         if found:
             return found
     return []
@@ -49,13 +51,19 @@ def _tokenizer_of_config(cfg: Path) -> tuple[Optional[Path], str]:
     return Path(path), f"the tokenizer {meta} was prepared with (data.data_dir of {cfg})"
 
 
-def find_tokenizer(ckpt: Optional[str | Path], explicit: Optional[str | Path] = None) -> tuple[Path, str]:
+def find_tokenizer(ckpt: Optional[str | Path], explicit: Optional[str | Path] = None,
+                   recorded: Optional[dict] = None) -> tuple[Path, str]:
     """The tokenizer.json to ship and a note saying where it came from.
 
-    Order: ``--tokenizer``; the one inside a native export folder; the run's ``config.yaml`` near the
-    checkpoint (``data.tokenizer``, else the tokenizer that ``data.data_dir`` was prepared with, from its
-    ``meta.json``); else the embedded one, and the note says so.
+    With ``recorded`` (``{"path", "sha256"}`` from ``checkpoint['scalevec']['tokenizer']``): ``--tokenizer``
+    if its fingerprint matches, else the recorded file if it is still there unchanged, else an
+    ``ExportError`` with the fix. Without (older checkpoints): ``--tokenizer``; the one inside a native
+    export folder; the run's ``config.yaml`` near the checkpoint (``data.tokenizer``, else the tokenizer
+    that ``data.data_dir`` was prepared with, from its ``meta.json``); else the embedded one, and the note
+    says so.
     """
+    if recorded and recorded.get("sha256"):
+        return _recorded_tokenizer(recorded, explicit)
     if explicit is not None:
         return Tokenizer(explicit, key="--tokenizer").path, "given with --tokenizer"
     if ckpt is not None and (Path(ckpt) / "tokenizer.json").is_file():
@@ -78,6 +86,30 @@ def find_tokenizer(ckpt: Optional[str | Path], explicit: Optional[str | Path] = 
     return DEFAULT_TOKENIZER, (
         f"{why}: shipping the embedded tokenizer {DEFAULT_TOKENIZER}; pass --tokenizer if the model was trained "
         "with another"
+    )
+
+
+def _recorded_tokenizer(recorded: dict, explicit: Optional[str | Path]) -> tuple[Path, str]:
+    want, path = recorded["sha256"], recorded.get("path")
+    if explicit is not None:
+        tok = Tokenizer(explicit, key="--tokenizer")
+        if tok.fingerprint() != want:
+            raise ExportError(
+                f"--tokenizer: {str(explicit)!r}: is not the tokenizer the model was trained with ({path!r}, "
+                f"fingerprint {want}; this one is {tok.fingerprint()}); pass that tokenizer.json (a copy is fine) "
+                "or leave --tokenizer out"
+            )
+        return tok.path, "given with --tokenizer (its fingerprint matches the one recorded in the checkpoint)"
+    if path and Path(path).is_file():
+        tok = Tokenizer(path, key="the checkpoint's tokenizer")
+        if tok.fingerprint() == want:
+            return tok.path, f"the tokenizer recorded in the checkpoint ({path}, fingerprint {want})"
+        state = f"has changed since training (fingerprint now {tok.fingerprint()})"
+    else:
+        state = "is not there any more"
+    raise ExportError(
+        f"--tokenizer: (not given): the model was trained with the tokenizer {path!r} (fingerprint {want}), which "
+        f"{state}; pass --tokenizer <a copy of that tokenizer.json>"
     )
 
 

@@ -4,6 +4,8 @@
   leaves the previous file intact) and turns an unreadable file into ``CheckpointError`` naming it.
   ``ScaleVecCLI`` installs it on every trainer whose strategy uses the default torch checkpoint IO.
 - ``atomic_directory`` does the same for distributed (DCP) checkpoints, which are directories.
+- ``verify_checkpoint`` (in ``scalevec_lit/verify.py``, Lightning-free, also used by ``export``) checks
+  a file's zip structure and every member's CRC32 before anything reads it.
 - ``check_spec`` compares the model spec stored in a checkpoint with the running model's.
 """
 from __future__ import annotations
@@ -18,39 +20,7 @@ from typing import Any, Optional
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used: truncated, corrupt, or from another model."""
-
-
-def unreadable(path: str | Path, err: BaseException) -> CheckpointError:
-    folder = Path(path).parent
-    others = sorted(p.name for p in folder.glob("*.ckpt") if p != Path(path)) if folder.is_dir() else []
-    hint = f"resume from another checkpoint in {folder} ({', '.join(others[-3:])})" if others else "start afresh"
-    return CheckpointError(f"checkpoint {str(path)!r} is truncated or corrupt ({type(err).__name__}: {err}); {hint}")
-
-
-def verify_checkpoint(path: str | Path, full: bool = True) -> Path:
-    """Check that ``path`` is a complete torch checkpoint; ``full`` also checks every member's CRC32
-    (reads the whole file once). Raises ``CheckpointError`` naming the file."""
-    p = Path(path)
-    if not p.exists():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist; check --ckpt_path")
-    if p.is_dir():
-        if not any(p.glob("*.distcp")) and not (p / "meta.pt").exists():
-            raise unreadable(p, ValueError("a folder without distributed checkpoint shards (*.distcp)"))
-        return p
-    if not zipfile.is_zipfile(p):
-        raise unreadable(p, ValueError("not a complete torch zip archive"))
-    if full:
-        try:
-            with zipfile.ZipFile(p) as zf:
-                bad = zf.testzip()
-        except (zipfile.BadZipFile, OSError, EOFError) as err:
-            raise unreadable(p, err) from err
-        if bad is not None:
-            raise unreadable(p, ValueError(f"checksum mismatch in member {bad!r}"))
-    return p
+from ..verify import CheckpointError, unreadable, verify_checkpoint  # noqa: F401  (re-exported)
 
 
 class SafeCheckpointIO(TorchCheckpointIO):

@@ -221,6 +221,17 @@ class CausalLM(L.LightningModule):
             "skipped_steps": self.skipped_steps,
             "spec": model_spec(self.config, self.strategy, self.block),
         }
+        tokenizer = self._tokenizer_identity()
+        if tokenizer:
+            checkpoint["scalevec"]["tokenizer"] = tokenizer
+
+    def _tokenizer_identity(self) -> Optional[dict]:
+        """The tokenizer the training data was prepared with (as its ``meta.json`` names it): export ships it."""
+        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        meta = getattr(dm, "meta", None) or {}
+        if not meta.get("tokenizer_sha256"):
+            return None
+        return {"path": meta.get("tokenizer"), "sha256": meta["tokenizer_sha256"], "vocab_size": meta.get("vocab_size")}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         extra = checkpoint.get("scalevec", {})
