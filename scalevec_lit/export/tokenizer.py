@@ -103,7 +103,8 @@ def _recorded_tokenizer(recorded: dict, explicit: Optional[str | Path]) -> tuple
     if path and Path(path).is_file():
         tok = Tokenizer(path, key="the checkpoint's tokenizer")
         if tok.fingerprint() == want:
-            return tok.path, f"the tokenizer recorded in the checkpoint ({path}, fingerprint {want})"
+            source = f"the tokenizer {recorded['source']} was prepared with" if recorded.get("source") else "the tokenizer"
+            return tok.path, f"{source} ({path}, fingerprint {want}, recorded in the checkpoint)"
         state = f"has changed since training (fingerprint now {tok.fingerprint()})"
     else:
         state = "is not there any more"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Literal, Optional
 
@@ -231,7 +232,9 @@ class CausalLM(L.LightningModule):
         meta = getattr(dm, "meta", None) or {}
         if not meta.get("tokenizer_sha256"):
             return None
-        return {"path": meta.get("tokenizer"), "sha256": meta["tokenizer_sha256"], "vocab_size": meta.get("vocab_size")}
+        source = str(Path(dm.data_dir) / "meta.json") if "://" not in str(dm.data_dir) else f"{dm.data_dir}/meta.json"
+        return {"path": meta.get("tokenizer"), "sha256": meta["tokenizer_sha256"], "vocab_size": meta.get("vocab_size"),
+                "source": source}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         extra = checkpoint.get("scalevec", {})
