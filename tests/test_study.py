@@ -3,6 +3,7 @@ skips completed runs, continues after being killed, and its report holds the tab
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from scalevec_lit import study as st
+from scalevec_lit.study import report as st_report
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -78,13 +80,15 @@ def test_study_runs_resumes_after_kill_skips_done_and_reports(prepared_data, tmp
     first_mtime = (first / st.DONE).stat().st_mtime_ns
 
     # 2. the same command again: the completed run is skipped, the others run (2 at a time) and complete
-    res = subprocess.run(study_cmd(path, "--parallel", "2", "--report"), cwd=tmp_path, env=env(),
+    # (--allow-code-change: in a shared checkout someone may commit between the two calls; the guard itself
+    # is tested in test_resume_refuses_another_commit)
+    res = subprocess.run(study_cmd(path, "--parallel", "2", "--report", "--allow-code-change"), cwd=tmp_path, env=env(),
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "4 runs, 1 complete, 3 to run" in res.stdout
     assert "baseline/seed1" not in res.stdout.split("to run", 1)[1]  # never started again
     assert (first / st.DONE).read_text() == first_done and (first / st.DONE).stat().st_mtime_ns == first_mtime
-    losses = {}
+    losses, ends = {}, {}
     for variant in ("baseline", "unified"):
         for seed in (1, 2):
             root = runs / variant / f"seed{seed}"
@@ -93,6 +97,10 @@ def test_study_runs_resumes_after_kill_skips_done_and_reports(prepared_data, tmp
             val = st.read_scalars(root, ("val/loss",))["val/loss"]
             assert [s for s, _ in val] == [2, 5]  # one value per validation, no duplicates
             assert done["final_val_loss"] == pytest.approx(val[-1][1])
+            assert done["endpoint"] == pytest.approx((val[-1][1] + val[-2][1]) / 2)  # mean of the last two
+            assert done["endpoint_steps"] == [2, 5] and done["last_train_step"] == 5
+            assert len(done["code"]["commit"]) in (40, 7) or done["code"]["commit"] == "unknown"
+            ends[variant, seed] = done["endpoint"]
             assert "--ckpt_path" not in done["command"]  # no run had a checkpoint when it started
             assert f"--seed_everything={seed}" in done["command"] and f"--data.seed={seed}" in done["command"]
             assert not (root / st.CKPT_DIR).exists()  # checkpoints are dropped once a run is complete
@@ -109,11 +117,12 @@ def test_study_runs_resumes_after_kill_skips_done_and_reports(prepared_data, tmp
     report = (out / "report.md").read_text()
     for variant in ("baseline", "unified"):
         row = next(line for line in report.splitlines() if line.startswith(f"| {variant} |"))
-        assert f"{losses[variant, 1]:.4f}, {losses[variant, 2]:.4f}" in row
-    mean_diff = (losses["unified", 1] + losses["unified", 2] - losses["baseline", 1] - losses["baseline", 2]) / 2
+        assert f"1: {ends[variant, 1]:.4f}, 2: {ends[variant, 2]:.4f}" in row
+    mean_diff = (ends["unified", 1] + ends["unified", 2] - ends["baseline", 1] - ends["baseline", 2]) / 2
     assert f"{mean_diff:+.4f}" in report
     assert "### unified beats baseline" in report and "**Verdict: " in report
-    for png in ("val_loss.png", "terminal_loss.png", "scale_dynamics.png"):
+    assert "last evaluation at the final step in every non-diverged run: **yes**" in report
+    for png in ("val_loss.png", "paired.png", "scale_dynamics.png"):
         data = (out / png).read_bytes()
         width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")  # IHDR
         assert data[:8] == PNG_MAGIC and width >= 300 and height >= 300 and len(data) > 5_000, (png, width, height)
@@ -160,27 +169,20 @@ def test_callbacks_update_in_place_or_append():
                         {"class_path": st.RWD, "init_args": {"preset": "iwd"}}]
 
 
-def test_separation_rule_and_verdicts():
-    ref = st.Row("ref", {1: 3.00, 2: 3.02, 3: 3.01}, 3.01, 0.01)
-    clear = st.Row("a", {1: 2.90, 2: 2.92, 3: 2.91}, 2.91, 0.01)
-    c = st.compare(clear, ref)
-    assert c["diff"] == pytest.approx(-0.10) and c["separable"]
-    assert c["paired_mean"] == pytest.approx(-0.10) and c["paired_std"] == pytest.approx(0.0, abs=1e-9)
-    assert st.verdict(c, "lower") == "holds" and st.verdict(c, "higher") == "does not hold"
-    noisy = st.Row("b", {1: 2.98, 2: 3.02, 3: 2.97}, 2.99, 0.0265)
-    c = st.compare(noisy, ref)  # |−0.02| < 2 × sqrt((0.0265² + 0.01²)/2) ≈ 0.040
-    assert not c["separable"] and st.verdict(c, "lower").startswith("not separable")
-    assert st._overall(["holds", "holds"]) == "holds"
-    assert st._overall(["holds", "does not hold"]).startswith("mixed")
-
-
 def test_study_file_errors(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({"variants": [{"name": "a"}], "claims": [{"title": "t", "expect": {"b": "lower"}}]}))
+    bad.write_text(yaml.safe_dump({"variants": [{"name": "a"}], "baseline": "a",
+                                   "claims": [{"title": "t", "expect": {"b": "lower"}}]}))
     with pytest.raises(SystemExit, match="unknown variant 'b'"):
         st.load_study(bad)
     bad.write_text(yaml.safe_dump({"variants": [{"name": "a"}], "sedes": [1]}))
     with pytest.raises(SystemExit, match="unknown keys"):
+        st.load_study(bad)
+    bad.write_text(yaml.safe_dump({"variants": [{"name": "a"}]}))
+    with pytest.raises(SystemExit, match="the baseline 'baseline' is not a variant"):
+        st.load_study(bad)
+    bad.write_text(yaml.safe_dump({"variants": [{"name": "baseline"}], "primary": "best"}))
+    with pytest.raises(SystemExit, match="primary must be best_lr or pooled"):
         st.load_study(bad)
 
 
@@ -195,3 +197,174 @@ def test_shipped_studies_cover_the_four_claims(name):
     for v in study.variants:
         for c in [*study.base, *v.configs]:
             assert (ROOT / c).is_file(), c
+
+
+# -- statistics: exact values on hand-computed inputs ------------------------------------------------------
+from scalevec_lit.study import stats  # noqa: E402
+
+
+def test_student_t_against_closed_forms():
+    # df = 1 (Cauchy): p = 1 − (2/π)·atan|t|; df = 2: p = 1 − |t|/√(2 + t²); df = 2 quantile: (2q−1)/√(2q(1−q))
+    assert stats.t_sf2(2.0, 1) == pytest.approx(1 - 2 / math.pi * math.atan(2.0), abs=1e-12)
+    assert stats.t_sf2(2.0, 2) == pytest.approx(1 - 2 / math.sqrt(6), abs=1e-12)
+    assert stats.t_sf2(0.0, 5) == pytest.approx(1.0)
+    assert stats.t_ppf(0.975, 2) == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025), abs=1e-9)
+    assert stats.t_ppf(0.975, 1) == pytest.approx(math.tan(math.pi * 0.475), abs=1e-8)  # 12.706
+    assert stats.t_ppf(0.025, 2) == pytest.approx(-stats.t_ppf(0.975, 2))
+
+
+def test_paired_t_sign_and_detectable_on_hand_values():
+    var = {1: 1.1, 2: 1.3, 3: 1.2}
+    ref = {1: 1.0, 2: 1.0, 3: 1.0}
+    p = stats.paired(var, ref)
+    # differences 0.1, 0.3, 0.2: mean 0.2, sd 0.1, t = 0.2 / (0.1/√3) = 2√3, df 2, p = 1 − t/√(2 + t²) = 1 − √(12/14)
+    assert p["diffs"] == pytest.approx([0.1, 0.3, 0.2]) and p["n"] == 3
+    assert p["mean"] == pytest.approx(0.2) and p["std"] == pytest.approx(0.1)
+    assert p["t"] == pytest.approx(2 * math.sqrt(3)) and p["df"] == 2
+    assert p["p_t"] == pytest.approx(1 - math.sqrt(12 / 14), abs=1e-12)
+    assert (p["n_pos"], p["n_neg"], p["p_sign"]) == (3, 0, 0.25)
+    t975 = 0.95 / math.sqrt(2 * 0.975 * 0.025)
+    t80 = 0.6 / math.sqrt(2 * 0.8 * 0.2)
+    assert p["significant"] == pytest.approx(t975 * 0.1 / math.sqrt(3), rel=1e-9)
+    assert p["mde"] == pytest.approx((t975 + t80) * 0.1 / math.sqrt(3), rel=1e-9)
+    assert stats.verdict(p, "higher") == "not resolved"  # p = 0.074 > 0.05
+
+
+def test_sign_test_exact_p_values():
+    assert stats.sign_test(8, 0) == 2 / 256 == stats.min_sign_p(8)
+    assert stats.sign_test(7, 1) == pytest.approx(2 * 9 / 256)
+    assert stats.sign_test(1, 7) == stats.sign_test(7, 1)
+    assert stats.sign_test(3, 0) == 0.25 and stats.sign_test(2, 1) == 1.0 and stats.sign_test(0, 0) == 1.0
+    assert stats.sign_test(5, 5) == 1.0
+
+
+def test_bootstrap_ci_exact_for_small_n_and_ordered():
+    # n = 2: the 4 equally likely resamples have means 1, 2, 2, 3; linear quantiles at 2.5% and 97.5%
+    assert stats.bootstrap_ci([1.0, 3.0]) == pytest.approx((1.075, 2.925))
+    xs = [0.10, 0.30, 0.20]
+    lo, hi = stats.bootstrap_ci(xs)  # 27 resamples, enumerated
+    assert min(xs) <= lo < sum(xs) / 3 < hi <= max(xs)
+    shifted = stats.bootstrap_ci([x + 1.0 for x in xs])
+    assert shifted == pytest.approx((lo + 1.0, hi + 1.0))
+    big = [0.01 * ((7 * i) % 11) - 0.02 for i in range(12)]  # 12^12 resamples: random, seeded
+    a, b = stats.bootstrap_ci(big, n_boot=2000), stats.bootstrap_ci(big, n_boot=2000)
+    assert a == b and a[0] < sum(big) / 12 < a[1]
+    narrow = stats.bootstrap_ci(big, alpha=0.5, n_boot=2000)
+    assert a[0] <= narrow[0] < narrow[1] <= a[1]
+
+
+def test_paired_with_diverged_runs_and_verdicts():
+    nan = float("nan")
+    p = stats.paired({1: nan, 2: 5.0, 3: 5.2, 4: 5.3}, {1: 5.0, 2: 4.9, 3: 5.0, 4: nan})
+    assert p["n"] == 2 and p["diverged"] == 2 and p["n_pairs"] == 4
+    assert (p["n_pos"], p["n_neg"]) == (3, 1)  # variant diverged: worse; reference diverged: better
+    clear = stats.paired({s: 3.0 - 0.1 + 0.001 * s for s in range(1, 9)}, {s: 3.0 for s in range(1, 9)})
+    assert stats.verdict(clear, "lower", test="sign") == "holds" == stats.verdict(clear, "lower")
+    assert stats.verdict(clear, "higher", test="sign") == "against"
+    u = stats.unpaired([2.90, 2.92, 2.91], [3.00, 3.02, 3.01])
+    assert u["diff"] == pytest.approx(-0.10) and u["separable"]
+
+
+def test_best_lr_and_grid_edge():
+    assert stats.best_lr({0.001: [3.0, 3.2], 0.003: [2.9, 3.0], 0.01: [2.95, float("nan")]}) == 0.003
+    assert stats.best_lr({0.01: [float("nan")]}) is None
+    from scalevec_lit.study.report import Grid
+
+    runs = {st.Run("a", lr, s): {"endpoint": e} for (lr, s, e) in
+            [(0.001, 1, 3.0), (0.001, 2, 3.1), (0.01, 1, 2.8), (0.01, 2, 2.9)]}
+    g = Grid(runs, ["a"])
+    assert g.best["a"] == 0.01 and g.at_edge("a")
+
+
+# -- the report on synthetic runs (no training) -------------------------------------------------------------
+def _fake_runs(runs_dir: Path, table: dict) -> None:
+    for (variant, lr, seed), e in table.items():
+        root = runs_dir / st.Run(variant, lr, seed).rel()
+        root.mkdir(parents=True)
+        done = {"variant": variant, "seed": seed, "lr": lr, "endpoint": e, "final_val_loss": e,
+                "final_step": 199, "last_train_step": 199, "endpoint_steps": [149, 199], "train_tokens": 409600,
+                "val": [[49, e + 1.0], [99, e + 0.5], [149, e + 0.1], [199, e]], "finished": "t",
+                "wall_s_last_attempt": 60.0, "code": {"commit": "c" * 40, "dirty": False}}
+        if e != e:
+            done["diverged"] = "non-finite loss nan at step 7"
+        (root / st.DONE).write_text(json.dumps(done))
+
+
+def test_report_from_synthetic_grid(tmp_path):
+    lrs = [0.001, 0.003, 0.01]
+    base = {0.001: 3.00, 0.003: 2.90, 0.01: 2.95}
+    table = {}
+    for lr in lrs:
+        for s in (1, 2, 3):
+            table["baseline", lr, s] = base[lr] + 0.01 * s
+            table["worse", lr, s] = base[lr] + 0.01 * s + 0.05 + 0.001 * s  # worse in every cell
+    table["worse", 0.01, 3] = float("nan")  # one diverged run
+    spec = {"name": "synthetic", "base": [], "seeds": [1, 2, 3], "lrs": lrs, "primary": "pooled",
+            "preregistration": "hypothesis: worse is worse",
+            "variants": [{"name": "baseline"}, {"name": "worse"}],
+            "claims": [{"title": "worse is worse", "expect": {"worse": "higher"}}]}
+    out = tmp_path / "synthetic"
+    (out / "runs").mkdir(parents=True)
+    (out / "runs" / "study.yaml").write_text(yaml.safe_dump(spec))
+    _fake_runs(out / "runs", table)
+    report = st_report.write_report(out).read_text()
+    assert "> hypothesis: worse is worse" in report
+    assert "| baseline | 0.003 ★ | 3 | 2.9200 ± 0.0100 |" in report
+    assert "| worse | 0.01 | 3 |" in report and "3: diverged" in report
+    # pooled over 3 LRs x 3 seeds = 9 pairs, all with the variant worse: sign test p = 2/512
+    assert "| `worse` − `baseline` | pooled over 3 LRs × seeds | higher | sign | 9 |" in report
+    assert "0.004 (9+/0−)" in report and "smallest possible two-sided sign-test p is 0.0039 with 9 pairs" in report and "**holds**" in report and "**Verdict: holds.**" in report
+    # same-LR at 0.003: differences 0.051, 0.052, 0.053
+    row = next(line for line in report.splitlines() if line.startswith("| same LR 0.003 |"))
+    assert "| 3 | +0.0520 ± 0.0010 |" in row and "3+/0−" in row
+    assert "Gap at the same LR (the reference's best, 0.003): +0.0520" in report
+    for png in ("val_loss.png", "lr_sweep.png", "paired.png"):
+        assert (out / png).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_lr_from_takes_the_best_lr_of_another_study(tmp_path):
+    results = tmp_path / "results"
+    _fake_runs(results / "a" / "runs", {("baseline", 0.001, 1): 3.0, ("baseline", 0.003, 1): 2.8,
+                                        ("baseline", 0.01, 1): float("nan"), ("other", 0.01, 1): 1.0})
+    study = st.Study(name="b", base=[], args=[], seeds=[1], variants=[st.Variant("baseline"), st.Variant("x")],
+                     lr_from={"study": "a", "variant": "baseline"})
+    st.resolve_lr_from(study, results / "b" / "runs")
+    assert study.lrs == [0.003] and study.lr_from["resolved_lr"] == 0.003
+    assert [r.rel().as_posix() for r in study.runs()] == ["baseline/lr0.003/seed1", "x/lr0.003/seed1"]
+    cmd = st.fit_command(study, study.variants[0], 1, tmp_path / "r", 0.003)
+    assert "--model.optimizer.init_args.lr=0.003" in cmd
+    missing = st.Study(name="c", base=[], args=[], seeds=[1], variants=[st.Variant("baseline")],
+                       lr_from={"study": "nope"})
+    with pytest.raises(SystemExit, match="no complete runs"):
+        st.resolve_lr_from(missing, results / "c" / "runs")
+
+
+def test_resume_refuses_another_commit(tmp_path):
+    from scalevec_lit.study import runner
+
+    study = st.Study(name="s", base=[], args=[], seeds=[1], variants=[st.Variant("baseline")])
+    runner._meta(study, tmp_path, 1, {"commit": "a" * 40, "dirty": False}, False)
+    runner._meta(study, tmp_path, 1, {"commit": "a" * 40, "dirty": False}, False)  # same commit: fine
+    with pytest.raises(SystemExit, match="made at commit a+"):
+        runner._meta(study, tmp_path, 1, {"commit": "b" * 40, "dirty": False}, False)
+    runner._meta(study, tmp_path, 1, {"commit": "b" * 40, "dirty": False}, True)  # explicitly allowed
+    meta = json.loads((tmp_path / "study_meta.json").read_text())
+    assert meta["code"]["commit"] == "a" * 40 and len(meta["sessions"]) == 3
+
+
+@pytest.mark.parametrize("name", ["claim1_lr_cpu", "dnp_cpu"])
+def test_issue13_studies_are_well_formed(name):
+    study = st.load_study(ROOT / "recipes" / "ablation" / f"{name}.yaml")
+    assert study.preregistration and len(study.seeds) >= 2
+    assert "--trainer.check_val_every_n_epoch=null" in study.args  # validation counted in global steps
+    assert "--trainer.limit_val_batches=1.0" in study.args  # the full validation split
+    steps = int(next(a for a in study.args if a.startswith("--trainer.max_steps=")).split("=")[1])
+    every = int(next(a for a in study.args if a.startswith("--trainer.val_check_interval=")).split("=")[1])
+    assert steps % every == 0  # the last evaluation is at the final step
+    for v in study.variants:
+        for c in [*study.base, *v.configs]:
+            assert (ROOT / c).is_file(), c
+    if name == "claim1_lr_cpu":
+        assert study.lrs == [1e-3, 3e-3, 1e-2, 3e-2] and {v.name for v in study.variants} == {"baseline", "no_scale"}
+    else:
+        assert study.lr_from["study"] == "claim1_lr_cpu"

@@ -48,4 +48,4 @@ def collect_done(runs_dir: Path) -> dict:
 
 def run_endpoint(done: dict) -> float:
     """A complete run's endpoint (older runs without one: their final validation loss)."""
-    return float(done.get("endpoint", done["final_val_loss"]))
+    return float(done["endpoint"] if "endpoint" in done else done["final_val_loss"])
