@@ -352,19 +352,26 @@ def test_resume_refuses_another_commit(tmp_path):
     assert meta["code"]["commit"] == "a" * 40 and len(meta["sessions"]) == 3
 
 
-@pytest.mark.parametrize("name", ["claim1_lr_cpu", "dnp_cpu"])
+@pytest.mark.parametrize("name", ["claim1_lr_cpu", "dnp_cpu", "claim1_lr_0.12b", "dnp_0.12b"])
 def test_issue13_studies_are_well_formed(name):
     study = st.load_study(ROOT / "recipes" / "ablation" / f"{name}.yaml")
-    assert study.preregistration and len(study.seeds) >= 2
+    assert study.preregistration and len(study.seeds) >= 2 and study.endpoint_evals == 2
     assert "--trainer.check_val_every_n_epoch=null" in study.args  # validation counted in global steps
-    assert "--trainer.limit_val_batches=1.0" in study.args  # the full validation split
-    steps = int(next(a for a in study.args if a.startswith("--trainer.max_steps=")).split("=")[1])
-    every = int(next(a for a in study.args if a.startswith("--trainer.val_check_interval=")).split("=")[1])
+    recipe = yaml.safe_load((ROOT / study.base[0]).read_text())["trainer"]
+    arg = lambda key, default: next((a.split("=", 1)[1] for a in study.args if a.startswith(f"--trainer.{key}=")),
+                                    default)
+    steps, every = int(arg("max_steps", recipe["max_steps"])), int(arg("val_check_interval", recipe["val_check_interval"]))
     assert steps % every == 0  # the last evaluation is at the final step
+    if name.endswith("_cpu"):
+        assert arg("limit_val_batches", None) == "1.0"  # the full validation split
     for v in study.variants:
         for c in [*study.base, *v.configs]:
             assert (ROOT / c).is_file(), c
-    if name == "claim1_lr_cpu":
-        assert study.lrs == [1e-3, 3e-3, 1e-2, 3e-2] and {v.name for v in study.variants} == {"baseline", "no_scale"}
+    if name.startswith("claim1_lr"):
+        assert len(study.lrs) == 4 and {v.name for v in study.variants} == {"baseline", "no_scale"}
+        assert study.primary == "pooled"
     else:
-        assert study.lr_from["study"] == "claim1_lr_cpu"
+        assert study.lr_from["study"] == name.replace("dnp", "claim1_lr")
+        assert {"baseline", "unified", "unified_no_dnp"} <= {v.name for v in study.variants}
+    if name == "claim1_lr_cpu":
+        assert study.lrs == [1e-3, 3e-3, 1e-2, 3e-2]
