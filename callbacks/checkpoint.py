@@ -1,24 +1,55 @@
-"""SafeModelCheckpoint: Lightning's ModelCheckpoint with a stable folder and atomic writes.
+"""SafeModelCheckpoint: Lightning's ModelCheckpoint with a stable folder, atomic writes, one run per
+folder, and a checkpoint on SIGINT/SIGTERM/SIGUSR1.
 
 - ``dirpath`` defaults to ``<trainer.default_root_dir>/checkpoints`` (not the logger's version folder),
   so ``--ckpt_path last`` finds the checkpoint of a killed run when it is started again, and it resumes
   from the newest complete checkpoint there, whatever its name;
 - files are written as ``<name>.tmp`` and renamed (see ``scalevec_lit.lit.checkpoint.SafeCheckpointIO``),
-  distributed (DCP) checkpoint folders likewise, so a crash while saving keeps the last good one.
+  distributed (DCP) checkpoint folders likewise, so a crash while saving keeps the last good one;
+- at fit start it takes the folder's lock (``scalevec_lit/runlock.py``): a second run into a folder in use,
+  or a fresh run into a folder holding an earlier run's checkpoints, is refused with the fix;
+- during training, SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (SLURM's pre-emption warning, see
+  ``launch/slurm_fit.sbatch``) finish the current step, save a checkpoint at that step (and ``last``),
+  stop the trainer (``trainer.should_stop``) and make the CLI exit with 128 + the signal number; a second
+  signal stops at once, without saving. With several processes the ranks agree every
+  ``stop_check_every_n_steps`` steps (one small all-reduce), so they stop at the same step.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import signal
+import threading
 from pathlib import Path
+from typing import Any, Optional
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from scalevec_lit.errors import notice
 from scalevec_lit.lit.checkpoint import replace_directory
+from scalevec_lit.runlock import acquire_folder, check_lineage, release_folder
+
+STOP_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGUSR1")) if s is not None)
 
 
 class SafeModelCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` whose default folder survives restarts and whose writes are atomic."""
+    """``ModelCheckpoint`` whose default folder survives restarts, whose writes are atomic, which owns its
+    folder for the run and saves on a stop signal.
+
+    Args:
+        stop_check_every_n_steps: with several processes, how often the ranks agree on a received stop
+            signal (one small all-reduce); a single process checks at every step, for free.
+        All other arguments are ``ModelCheckpoint``'s.
+    """
+
+    def __init__(self, *args: Any, stop_check_every_n_steps: int = 10, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stop_check_every_n_steps = max(1, int(stop_check_every_n_steps))
+        self.stop_signal: Optional[int] = None  # the signal that stopped the run
+        self.stop_exit_code = 0
+        self._received: Optional[int] = None
+        self._previous_handlers: dict[int, Any] = {}
+        self._locked: Optional[str] = None
 
     def _stable_dirpath(self, trainer) -> None:
         if self.dirpath is None:
@@ -27,6 +58,96 @@ class SafeModelCheckpoint(ModelCheckpoint):
     def setup(self, trainer, pl_module, stage: str) -> None:
         self._stable_dirpath(trainer)
         super().setup(trainer, pl_module, stage)
+        if stage == "fit":
+            self._lock(trainer)
+
+    # -- one run per folder ---------------------------------------------------------------------------
+    def _lock(self, trainer) -> None:
+        self._on_rank_zero(trainer, lambda: acquire_folder(self.dirpath))
+        self._locked = self.dirpath if trainer.is_global_zero else None
+
+    @staticmethod
+    def _on_rank_zero(trainer, fn) -> None:
+        """Run ``fn`` on global rank 0; its error is raised on every rank (so that no rank waits for the others)."""
+        error = None
+        if trainer.is_global_zero:
+            try:
+                fn()
+            except Exception as err:  # noqa: BLE001 - re-raised below, on every rank
+                error = err
+        error = trainer.strategy.broadcast(error)
+        if error is not None:
+            raise error
+
+    def lock_early(self, trainer) -> None:
+        """Take the lock before ``trainer.fit`` (rank 0; the CLI calls it); ``setup`` finds it held."""
+        self._stable_dirpath(trainer)
+        acquire_folder(self.dirpath)
+        self._locked = self.dirpath
+
+    def _unlock(self) -> None:
+        if self._locked is not None:
+            release_folder(self._locked)
+            self._locked = None
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self._restore_handlers()
+        if stage == "fit":
+            self._unlock()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._restore_handlers()
+        self._unlock()
+
+    # -- stop signals ---------------------------------------------------------------------------------
+    def on_train_start(self, trainer, pl_module) -> None:
+        # trainer.ckpt_path (``last`` resolved) is known for every strategy only now, before any write
+        self._on_rank_zero(trainer, lambda: check_lineage(self.dirpath, trainer.ckpt_path))
+        super().on_train_start(trainer, pl_module)
+        self._received, self.stop_signal, self.stop_exit_code = None, None, 0
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in STOP_SIGNALS:
+            self._previous_handlers[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if self._received is not None:  # the second one: stop at once, as without this callback
+            self._restore_handlers()
+            signal.raise_signal(signum)
+            return
+        self._received = signum
+        notice(f"received {signal.Signals(signum).name}: saving a checkpoint at the end of this step, then stopping "
+               "(send it again to stop at once, without saving)")
+
+    def _restore_handlers(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous_handlers = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        received = self._received
+        if trainer.world_size > 1:
+            if trainer.global_step % self.stop_check_every_n_steps:
+                return
+            stop = trainer.strategy.reduce_boolean_decision(received is not None, all=False)
+            received = received or (signal.SIGTERM if stop else None)
+        if received is None or self.stop_signal is not None:
+            return
+        self.stop_signal = received
+        self.stop_exit_code = 128 + int(received)
+        candidates = self._monitor_candidates(trainer)
+        path = self.format_checkpoint_name(candidates)
+        if self._last_global_step_saved != trainer.global_step:
+            self._save_checkpoint(trainer, path)
+        else:
+            path = self._last_checkpoint_saved
+        if self.save_last:
+            self._save_last_checkpoint(trainer, candidates)
+        trainer.should_stop = True
+        notice(f"stopped by {signal.Signals(received).name} at step {trainer.global_step}: saved {path}; resume "
+               "with the same command and --ckpt_path last")
 
     def _find_last_checkpoints(self, trainer) -> set[str]:
         """Every complete checkpoint in the folder (Lightning resumes from the newest): a run killed between

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Multi-node pre-training with torchrun (run this on every node; Lightning reads torchrun's environment).
 #   NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 bash launch/torchrun_fit.sh recipes/dense_1b.yaml recipes/strategy/unified.yaml
+# Ctrl-C or SIGTERM to torchrun reaches every worker: the run saves a checkpoint at the current step and
+# exits (130 / 143); the same command resumes it (--ckpt_path last).
 set -euo pipefail
 RECIPE=${1:?usage: launch/torchrun_fit.sh <recipe.yaml> [<strategy.yaml>]}
 STRATEGY=${2:-}

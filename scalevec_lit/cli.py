@@ -74,6 +74,15 @@ class ScaleVecCLI(LightningCLI):
         if self.subcommand is not None:
             check_config(self.config[self.subcommand], self.subcommand)
 
+    def before_fit(self) -> None:
+        """Take the checkpoint folder's lock before Lightning writes anything (the run's config.yaml in a new
+        version folder, at setup), so that a refused second run leaves no trace; ``setup`` takes it again."""
+        from scalevec_lit.callbacks.checkpoint import SafeModelCheckpoint
+
+        for cb in self.trainer.checkpoint_callbacks:
+            if isinstance(cb, SafeModelCheckpoint) and self.trainer.is_global_zero:
+                cb.lock_early(self.trainer)
+
     def instantiate_trainer(self, **kwargs):
         trainer = super().instantiate_trainer(**kwargs)
         strategy = trainer.strategy

@@ -82,6 +82,8 @@ def exit_code_for(err: BaseException) -> Optional[int]:
     if isinstance(err, UserError):
         return err.exit_code
     names = {cls.__name__ for cls in type(err).__mro__}
+    if "MissingCheckpointError" in names:
+        return 2
     if names & {"CheckpointError", "NonFiniteLossError"}:
         return 1
     if names & {"MisconfigurationException", "ExportError", "ValueError", "FileNotFoundError", "FileExistsError",

@@ -12,7 +12,11 @@ from pathlib import Path
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used: truncated, corrupt, or from another model."""
+    """A checkpoint that cannot be used: truncated, corrupt, or from another model (exit 1)."""
+
+
+class MissingCheckpointError(CheckpointError):
+    """The checkpoint named on the command line does not exist (exit 2)."""
 
 
 def unreadable(path: str | Path, err: BaseException) -> CheckpointError:
@@ -27,7 +31,8 @@ def verify_checkpoint(path: str | Path, full: bool = True) -> Path:
     (reads the whole file once). Raises ``CheckpointError`` naming the file."""
     p = Path(path)
     if not p.exists():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist; check --ckpt_path")
+        raise MissingCheckpointError(f"--ckpt_path: {str(path)!r}: no such checkpoint; check the path, or use "
+                                     "--ckpt_path last to resume the newest checkpoint of this run's folder")
     if p.is_dir():
         if not any(p.glob("*.distcp")) and not (p / "meta.pt").exists():
             raise unreadable(p, ValueError("a folder without distributed checkpoint shards (*.distcp)"))

@@ -1,0 +1,120 @@
+"""One run owns its checkpoint folder: ``run.lock`` (pid, host, start time, command) in that folder.
+
+``acquire_folder`` is called by ``SafeModelCheckpoint`` at fit start (on global rank 0):
+
+- the lock file is created atomically (``O_CREAT | O_EXCL``); a lock held by a live process refuses the
+  second run with the fix (wait, stop it, or give this run its own folder);
+- a lock left by a dead process on this host (a run killed with SIGKILL, a crashed node's restart on the
+  same host) is stale: it is taken over with a one-line note; a lock from another host cannot be checked
+  from here, so the message names the host and says to remove the file if that run is gone;
+- a run that does not resume (no ``--ckpt_path``, or a checkpoint outside the folder) into a folder that
+  already holds checkpoints of an earlier run is refused: ``--ckpt_path last`` then always resumes the
+  run that wrote the folder, never another one.
+
+Plain Python: must not import torch or Lightning.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from .errors import RunError, UserError, notice
+
+LOCK = "run.lock"
+NOT_RESUME_POINTS = ("nonfinite.ckpt",)  # post-mortem files, never resumed from
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if Path(f"/proc/{pid}/stat").is_file():  # a zombie (killed, not yet reaped) is not running
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
+        except (OSError, IndexError):
+            return True
+    return True
+
+
+def _read(lock: Path) -> dict:
+    try:
+        return json.loads(lock.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def checkpoints_in(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.suffix == ".ckpt" and p.name not in NOT_RESUME_POINTS)
+
+
+def acquire_folder(folder: str | Path, key: str = "trainer.default_root_dir") -> Path:
+    """Take ``folder``'s lock for this process (idempotent); refuse a folder in use by another run."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / LOCK
+    mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join(sys.argv)[:500]}
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            held = _read(lock)
+            if held.get("pid") == mine["pid"] and held.get("host") == mine["host"]:
+                break  # this process already holds it (a second fit in the same process)
+            if held and held.get("host") != mine["host"]:
+                raise RunError(
+                    f"checkpoint folder {folder}", "in use",
+                    f"{lock} says a run on host {held.get('host')} (pid {held.get('pid')}, started {held.get('started')}) "
+                    "writes here, which cannot be checked from this host",
+                    f"if that run is gone, delete {lock}; otherwise give this run its own folder ({key}=...)",
+                )
+            if held and _alive(int(held.get("pid", -1))):
+                raise RunError(
+                    f"checkpoint folder {folder}", "in use",
+                    f"another run (pid {held['pid']}, started {held.get('started')}) is writing its checkpoints here",
+                    f"wait for it to end or stop it (it saves a checkpoint on Ctrl-C/SIGTERM), or give this run its "
+                    f"own folder: --{key}=<another folder> (and another --trainer.logger.init_args.name)",
+                )
+            notice(f"{lock}: taking over the lock of a run that is no longer running (pid {held.get('pid')})")
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as fh:
+            json.dump(mine, fh)
+        break
+    return lock
+
+
+def check_lineage(folder: str | Path, resume_from: Optional[str], key: str = "trainer.default_root_dir") -> None:
+    """Refuse a run that does not resume from ``folder`` when ``folder`` holds an earlier run's checkpoints."""
+    folder = Path(folder)
+    existing = checkpoints_in(folder)
+    if not existing:
+        return
+    if resume_from is not None and Path(resume_from).resolve().parent == folder.resolve():
+        return
+    release_folder(folder)
+    what = "starts afresh" if resume_from is None else f"resumes from {resume_from}, outside it,"
+    raise UserError(
+        f"checkpoint folder {folder}", ", ".join(p.name for p in existing[-3:]),
+        f"holds the checkpoints of an earlier run and this run {what} (its checkpoints would mix with them)",
+        f"resume that run with --ckpt_path last, or give this run its own folder: --{key}=<another folder> (and "
+        "another --trainer.logger.init_args.name), or delete the old checkpoints",
+    )
+
+
+def release_folder(folder: str | Path) -> None:
+    """Remove ``folder``'s lock if this process holds it."""
+    lock = Path(folder) / LOCK
+    held = _read(lock)
+    if held.get("pid") == os.getpid() and held.get("host") == socket.gethostname():
+        lock.unlink(missing_ok=True)
