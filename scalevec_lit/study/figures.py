@@ -149,7 +149,7 @@ def plot_dynamics(roots: dict[str, list[Path]], path: Path) -> Optional[str]:
     plt = _plt()
     ncol = min(4, len(groups))
     nrow = math.ceil(len(groups) / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.3 * nrow), squeeze=False)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, max(4.0, 3.3 * nrow)), squeeze=False)
     styles = ["-", "--", ":", "-."]
     names = list(data)
     for gi, g in enumerate(groups):
