@@ -352,7 +352,7 @@ def test_resume_refuses_another_commit(tmp_path):
     assert meta["code"]["commit"] == "a" * 40 and len(meta["sessions"]) == 3
 
 
-@pytest.mark.parametrize("name", ["claim1_lr_cpu", "dnp_cpu", "claim1_lr_0.12b", "dnp_0.12b"])
+@pytest.mark.parametrize("name", ["claim1_lr_cpu", "dnp_cpu", "claim1_lr_0.12b", "dnp_0.12b", "iwd_cpu"])
 def test_issue13_studies_are_well_formed(name):
     study = st.load_study(ROOT / "recipes" / "ablation" / f"{name}.yaml")
     assert study.preregistration and len(study.seeds) >= 2 and study.endpoint_evals == 2
@@ -370,8 +370,11 @@ def test_issue13_studies_are_well_formed(name):
     if name.startswith("claim1_lr"):
         assert len(study.lrs) == 4 and {v.name for v in study.variants} == {"baseline", "no_scale"}
         assert study.primary == "pooled"
-    else:
+    elif name.startswith("dnp"):
         assert study.lr_from["study"] == name.replace("dnp", "claim1_lr")
         assert {"baseline", "unified", "unified_no_dnp"} <= {v.name for v in study.variants}
+    else:  # claim 2: the three decay presets on the QK-norm model, decay raised so that it can matter
+        assert {v.decay for v in study.variants} == {"iwd", "decay_all", "decay_none"}
+        assert study.callbacks[st.RWD]["weight_decay"] == 1.0
     if name == "claim1_lr_cpu":
         assert study.lrs == [1e-3, 3e-3, 1e-2, 3e-2]
