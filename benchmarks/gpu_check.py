@@ -7,6 +7,12 @@ Installs nothing and reads no data: batches are random token ids (throughput doe
 The bf16 matmul peak of this GPU is measured first and MFU is reported against it (and against the
 datasheet peak when the device name is known). Needs only torch and PyYAML (no Lightning, litdata,
 jsonargparse or tokenizers).
+
+Host-device syncs: the timed steps run as the library trains (the non-finite loss check of
+``scalevec_lit.lit.nonfinite.NonFiniteGuard`` with fused AdamW's on-device skip, losses kept on the device)
+and are timed with CUDA events, so nothing in the loop needs to wait for the GPU. They run under
+``torch.cuda.set_sync_debug_mode("warn")``: every synchronizing call (``.item()``, a blocking copy, ...)
+is counted and reported per timed step (column ``syncs/step``, JSON ``syncs`` with the first call sites).
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import os
 import socket
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -28,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from scalevec_lit.lit.parallel import DATASHEET_BF16_TFLOPS, ParallelOptions, parallelize  # noqa: E402
 from scalevec_lit.model import SIZES, Transformer, TransformerConfig, count_parameters  # noqa: E402
+from scalevec_lit.lit.nonfinite import NonFiniteGuard  # noqa: E402
 from scalevec_lit.model.spec import strategy_from_dict  # noqa: E402
 
 
@@ -70,19 +78,53 @@ def run_one(config: TransformerConfig, preset_name: str, args, device, peak_tflo
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     tokens = torch.randint(0, config.vocab_size, (args.batch, config.seq_len + 1), device=device)
-    times, losses = [], []
-    for step in range(args.warmup + args.steps):
-        sync(device)
-        t0 = time.perf_counter()
+    guard = NonFiniteGuard()
+    guard.reset(device)
+    losses: list[torch.Tensor] = []
+
+    def train_step(step: int) -> None:
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+        guard.observe(loss, step, opt)  # device-side flag; fused AdamW skips a non-finite step on the device
+        found = guard.poll()  # reads the flag only once it has arrived; never waits
+        if found is not None:
+            raise RuntimeError(f"non-finite loss {found[1]} at step {found[0]}")
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        sync(device)
-        if step >= args.warmup:
-            times.append(time.perf_counter() - t0)
-        losses.append(loss.item())
+        losses.append(loss.detach())
+
+    for step in range(args.warmup):
+        train_step(step)
+    sync(device)
+    cuda = device.type == "cuda"
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps + 1)] if cuda else []
+    times, sync_sites = [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            t0 = time.perf_counter()
+            for i, step in enumerate(range(args.warmup, args.warmup + args.steps)):
+                if cuda:
+                    events[i].record()
+                train_step(step)
+                if not cuda:
+                    times.append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+            if cuda:
+                events[-1].record()
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode(0)
+    sync_sites = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    sync(device)
+    if cuda:
+        times = [events[i].elapsed_time(events[i + 1]) / 1e3 for i in range(args.steps)]
+    if guard.poll(block=True) is not None:
+        raise RuntimeError("non-finite loss during the timed steps")
+    losses = torch.stack(losses).float().tolist()
     step_time = sorted(times)[len(times) // 2]
     tok_s = args.batch * config.seq_len / step_time
     count = count_parameters(config, preset(preset_name))
@@ -92,6 +134,8 @@ def run_one(config: TransformerConfig, preset_name: str, args, device, peak_tflo
         "params": count.total, "step_s": step_time, "tokens_per_s": tok_s,
         "mfu": tok_s * flops / (peak_tflops * 1e12), "peak_mem_gib": mem,
         "loss_first": losses[0], "loss_last": losses[-1], "finite": all(map(lambda x: x == x, losses)),
+        "syncs": len(sync_sites) if device.type == "cuda" else None,
+        "sync_sites": sorted(set(sync_sites))[:10],
     }
 
 
@@ -139,13 +183,16 @@ def main(argv=None) -> int:
         header = f"device: {name}; measured {'bf16' if args.bf16 else 'fp32'} matmul peak {peak:.1f} TFLOP/s" + (
             f" (datasheet {sheet:.0f})" if sheet else ""
         )
-        lines = [header, "", "| size | preset | params | tokens/s | MFU (measured peak) | step s | peak mem GiB | vs baseline |",
-                 "|---|---|---|---|---|---|---|---|"]
+        lines = [header, "", "| size | preset | params | tokens/s | MFU (measured peak) | step s | peak mem GiB | vs baseline "
+                 "| syncs/step |", "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             base = next((b for b in rows if b["size"] == r["size"] and b["preset"] == "baseline"), None)
             ratio = f"{r['step_s'] / base['step_s']:.3f}x" if base else "-"
             lines.append(f"| {r['size']} | {r['preset']} | {r['params'] / 1e6:.1f}M | {r['tokens_per_s']:,.0f} | "
-                         f"{100 * r['mfu']:.1f}% | {r['step_s']:.4f} | {r['peak_mem_gib']:.2f} | {ratio} |")
+                         f"{100 * r['mfu']:.1f}% | {r['step_s']:.4f} | {r['peak_mem_gib']:.2f} | {ratio} | "
+                         + (f"{r['syncs'] / args.steps:.2f} |" if r["syncs"] is not None else "n/a (CPU) |"))
+        lines += ["", "syncs/step: host-device synchronizations per timed step (torch.cuda.set_sync_debug_mode), "
+                  "including the non-finite loss check; 0 means the loop never waits for the GPU"]
         table = "\n".join(lines)
         print(table)
         out = Path(args.out)

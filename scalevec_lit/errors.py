@@ -126,5 +126,5 @@ def run_guarded(fn: Callable[[list[str]], Any], argv: list[str]) -> Any:
         print("error: interrupted (Ctrl-C) before training started; nothing was saved", file=sys.stderr)
         raise SystemExit(130) from None
     except BaseException as err:  # noqa: BLE001 - the point of this function
-        raise SystemExit(report(err)) from None
+        raise fail(err) from None
 

@@ -18,7 +18,9 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert set(rows) == {(s, p) for s in ("tiny", "tiny_deep") for p in ("baseline", "unified")}
     for r in rows.values():
         assert r["finite"] and r["tokens_per_s"] > 0 and 0 < r["mfu"]
+        assert r["syncs"] is None and r["sync_sites"] == []  # counted on CUDA only (set_sync_debug_mode)
     assert rows[("tiny", "unified")]["params"] > rows[("tiny", "baseline")]["params"]
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| tiny | unified |" in table and "matmul peak" in table
+    assert "| syncs/step |" in table and "n/a (CPU) |" in table
     assert (tmp_path / "gpu_check.log").exists() and (tmp_path / "env.txt").exists()

@@ -1,4 +1,5 @@
-"""Reliability: exact resume after SIGKILL, atomic and checked checkpoints, the NaN guard."""
+"""Reliability: exact resume after SIGKILL and after a stop signal (SIGINT, SIGTERM, SIGUSR1 save a checkpoint
+at the current step), atomic and checked checkpoints, one run per checkpoint folder, the NaN guard."""
 from __future__ import annotations
 
 import os
@@ -36,36 +37,101 @@ def _losses(root: Path, version: str) -> dict[int, float]:
     return dict(scalars(root / "smoke" / version)["train/loss"])
 
 
-def test_resume_after_sigkill_is_bitwise_exact(prepared_data, tmp_path):
-    a_root, b_root = tmp_path / "a", tmp_path / "b"
-    a_root.mkdir(), b_root.mkdir()
+@pytest.fixture(scope="module")
+def reference_losses(prepared_data, tmp_path_factory) -> dict[int, float]:
+    """The losses of an uninterrupted 2N-step run."""
+    a_root = tmp_path_factory.mktemp("reference")
     res = run_cli(_args(prepared_data, a_root), cwd=a_root)
     assert res.returncode == 0, res.stderr[-3000:]
     reference = _losses(a_root, "version_0")
     assert sorted(reference) == list(range(2 * N))  # steps 0 .. 2N-1 logged
+    return reference
 
+
+def _start_and_signal(prepared_data, root: Path, signum: int, delay: float = 0.0) -> subprocess.Popen:
+    """Start a run, wait for its step-N checkpoint (+ ``delay`` s), send ``signum``, wait for the end."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "scalevec_lit", *_args(prepared_data, b_root)], cwd=b_root,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    target = b_root / "checkpoints" / f"step{N:06d}.ckpt"
+    proc = subprocess.Popen([sys.executable, "-m", "scalevec_lit", *_args(prepared_data, root)], cwd=root,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    target = root / "checkpoints" / f"step{N:06d}.ckpt"
     deadline = time.time() + 600
     while not target.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    time.sleep(delay)
+    assert proc.poll() is None, "the run ended before the signal"
+    proc.send_signal(signum)
+    proc.wait(timeout=600)
     assert target.exists()
+    return proc
 
-    res = run_cli(_args(prepared_data, b_root, "--ckpt_path=last"), cwd=b_root)
+
+def _check_resume(prepared_data, root: Path, reference: dict[int, float]) -> int:
+    res = run_cli(_args(prepared_data, root, "--ckpt_path=last"), cwd=root)
     assert res.returncode == 0, res.stderr[-3000:]
-    resumed = _losses(b_root, "version_1")
+    resumed = _losses(root, "version_1")
     last_saved = min(resumed)
     assert N <= last_saved < 2 * N
     assert sorted(resumed) == list(range(last_saved, 2 * N))
     for step, value in resumed.items():
         assert value == reference[step], (step, value, reference[step])  # bitwise
+    return last_saved
+
+
+def test_resume_after_sigkill_is_bitwise_exact(prepared_data, tmp_path, reference_losses):
+    b_root = tmp_path / "b"
+    b_root.mkdir()
+    proc = _start_and_signal(prepared_data, b_root, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    _check_resume(prepared_data, b_root, reference_losses)
     ckpt = torch.load(b_root / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == 2 * N and ckpt["scalevec"]["tokens_seen"] == 2 * N * 16 * 128
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1], ids=lambda s: s.name)
+def test_stop_signal_saves_the_current_step_and_resume_is_bitwise_exact(signum, prepared_data, tmp_path,
+                                                                         reference_losses):
+    root = tmp_path / "run"
+    root.mkdir()
+    proc = _start_and_signal(prepared_data, root, signum, delay=1.0)
+    err = proc.stderr.read()
+    assert proc.returncode == 128 + signum, err[-3000:]
+    assert "Traceback" not in err
+    stopped = [line for line in err.splitlines() if f"stopped by {signum.name} at step" in line]
+    assert len(stopped) == 1, err[-3000:]
+    step = int(stopped[0].split(" at step ")[1].split(":")[0])
+    assert N <= step < 2 * N
+    assert (root / "checkpoints" / f"step{step:06d}.ckpt").exists()  # saved at the step it stopped, not at N
+    assert not (root / "checkpoints" / "run.lock").exists()  # the folder is released
+    ckpt = torch.load(root / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == step
+    assert _check_resume(prepared_data, root, reference_losses) == step
+
+
+def test_one_run_per_checkpoint_folder(prepared_data, tmp_path):
+    """A live lock refuses a second run; a stale one is taken over; a fresh run may not mix with old checkpoints."""
+    import json
+    import socket
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (folder / "run.lock").write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname(), "started": "x"}))
+        res = run_cli(smoke_args(prepared_data, tmp_path, 2), cwd=tmp_path)
+        assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        assert f"is writing its checkpoints here" in res.stderr and f"pid {sleeper.pid}" in res.stderr
+        assert "--trainer.default_root_dir=" in res.stderr
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    res = run_cli(smoke_args(prepared_data, tmp_path, 2), cwd=tmp_path)  # the lock is now stale
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "taking over the lock of a run that is no longer running" in res.stderr
+    assert not (folder / "run.lock").exists() and (folder / "last.ckpt").exists()
+    res = run_cli(smoke_args(prepared_data, tmp_path, 2), cwd=tmp_path)  # a fresh run into a used folder
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "holds the checkpoints of an earlier run" in res.stderr and "--ckpt_path last" in res.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]
 
 
 def test_crash_while_saving_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
@@ -124,9 +190,13 @@ def test_checkpoint_from_another_model_shape_is_refused(prepared_data, tmp_path)
     assert "was written by another model: config.n_layer: checkpoint 4, this run 2" in res.stderr
 
 
-@pytest.mark.parametrize("policy", ["skip", "stop"])
-def test_nan_guard(policy, prepared_data, tmp_path):
+@pytest.mark.parametrize("deferred", [False, True], ids=["immediate", "deferred"])
+@pytest.mark.parametrize("policy", ["skip", "stop", "raise"])
+def test_nan_guard(policy, deferred, prepared_data, tmp_path, monkeypatch):
+    """A NaN loss at step 3: every policy, checked at once (CPU) and as on CUDA (deferred: no sync per step, the
+    host sees the flag one step later; fused AdamW skips the update on the device through ``found_inf``)."""
     from scalevec_lit.cli import main
+    from scalevec_lit.lit import nonfinite
     from scalevec_lit.lit.module import CausalLM, NonFiniteLossError
 
     original = CausalLM._loss
@@ -135,22 +205,57 @@ def test_nan_guard(policy, prepared_data, tmp_path):
         loss, n = original(self, batch)
         return (loss * float("nan"), n) if self.training and self.global_step == 3 else (loss, n)
 
-    CausalLM._loss = poisoned
-    try:
-        args = smoke_args(prepared_data, tmp_path, 6, f"--model.nonfinite={policy}", "--trainer.logger=false",
-                          "--trainer.limit_val_batches=0", "--config", _ckpt_config(tmp_path, 100))
-        if policy == "skip":
-            cli = main(args)
-            assert cli.model.skipped_steps == 1
-            assert cli.trainer.global_step == 6  # the step counter advances over the skipped batch ...
-            opt = cli.trainer.optimizers[0]
-            steps = {int(opt.state[p]["step"]) for g in opt.param_groups for p in g["params"]}
-            assert steps == {5}  # ... but the optimizer updated the weights 5 times, not 6
-            assert all(torch.isfinite(p).all() for p in cli.model.parameters())
+    monkeypatch.setattr(CausalLM, "_loss", poisoned)
+    monkeypatch.setattr(nonfinite, "DEFERRED_ON_CPU", deferred)
+    args = smoke_args(prepared_data, tmp_path, 6, f"--model.nonfinite={policy}", "--trainer.logger=false",
+                      "--trainer.limit_val_batches=0", "--config", _ckpt_config(tmp_path, 100),
+                      "--model.optimizer.init_args.fused=true")
+    if policy == "skip":
+        cli = main(args)
+        assert cli.model.skipped_steps == 1
+        assert cli.trainer.global_step == 6  # the step counter advances over the skipped batch ...
+        opt = cli.trainer.optimizers[0]
+        steps = {int(opt.state[p]["step"]) for g in opt.param_groups for p in g["params"]}
+        assert steps == {5}  # ... but the optimizer updated the weights 5 times, not 6
+        assert all(torch.isfinite(p).all() for p in cli.model.parameters())
+        saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        assert saved["scalevec"]["skipped_steps"] == 1
+        return
+    seen = 4 if deferred else 3
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 1
+    assert f"model.nonfinite: {policy}: non-finite loss nan at step 3" in str(info.value)
+    if deferred:
+        assert f"(seen at step {seen}" in str(info.value)
+    if policy == "stop":
+        assert "stopped after saving" in str(info.value) and "nonfinite.ckpt" in str(info.value)
+        saved = torch.load(tmp_path / "checkpoints" / "nonfinite.ckpt", map_location="cpu", weights_only=False)
+        assert saved["global_step"] == seen
+        assert all(torch.isfinite(v).all() for v in saved["state_dict"].values() if v.is_floating_point())
+        steps = {int(st["step"]) for st in saved["optimizer_states"][0]["state"].values()}
+        assert steps == {seen - 1 if deferred else seen}  # the NaN step's update never happened
+    else:
+        assert not (tmp_path / "checkpoints" / "nonfinite.ckpt").exists()
+
+
+def test_found_inf_skips_a_fused_adamw_step_on_the_device():
+    """The mechanism of the sync-free skip: fused AdamW leaves weights, moments and step alone when found_inf is 1."""
+    from scalevec_lit.lit.nonfinite import NonFiniteGuard, supports_found_inf
+
+    w = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.AdamW([w], lr=0.1, weight_decay=0.1, fused=True)
+    assert supports_found_inf(opt) and not supports_found_inf(torch.optim.AdamW([w], lr=0.1))
+    guard = NonFiniteGuard()
+    for step, value in enumerate([1.0, float("inf"), 2.0]):
+        loss = (w * value).sum()
+        guard.observe(loss, step, opt)
+        loss.backward()
+        before = (w.detach().clone(), {k: v.clone() for k, v in opt.state[w].items()})
+        opt.step()
+        opt.zero_grad()
+        if step == 1:
+            assert torch.equal(w, before[0]) and all(torch.equal(opt.state[w][k], v) for k, v in before[1].items())
         else:
-            with pytest.raises(NonFiniteLossError, match=r"non-finite loss nan at step 3: stopped after saving .*nonfinite.ckpt"):
-                main(args)
-            saved = torch.load(tmp_path / "checkpoints" / "nonfinite.ckpt", map_location="cpu", weights_only=False)
-            assert saved["global_step"] == 3
-    finally:
-        CausalLM._loss = original
+            assert not torch.equal(w, before[0])
+    assert guard.poll() == (1, float("inf"), 1) and guard.poll() is None  # reported once

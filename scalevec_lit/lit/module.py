@@ -24,6 +24,8 @@ from ..model.spec import model_spec
 from ..model.transformer import BlockFactory, Transformer, count_parameters
 from ..scale.strategy import ScaleStrategy
 from .checkpoint import check_spec
+from . import nonfinite as nonfinite_check
+from .nonfinite import NonFiniteGuard, supports_found_inf
 from .optim import build_param_groups, describe_groups, instantiate_optimizer
 from .parallel import DATASHEET_BF16_TFLOPS, ParallelOptions, parallelize
 from .schedules import Schedule, WarmupCosine
@@ -52,6 +54,7 @@ class CausalLM(L.LightningModule):
         vocab_size: linked from the data module's tokenizer by the CLI.
         nonfinite: what a NaN/Inf loss does: ``skip`` the step (counted in ``train/skipped_steps``;
             single process only), ``stop`` (save ``nonfinite.ckpt`` beside the checkpoints, then raise), or ``raise``.
+            On CUDA the check does not synchronize the host with the device at every step (``nonfinite.py``).
         parallel: FSDP2 options used under ``ModelParallelStrategy`` (activation checkpointing, compile,
             mixed precision).
         compile: ``torch.compile`` each block (also without FSDP).
@@ -91,6 +94,8 @@ class CausalLM(L.LightningModule):
         self.tokens_seen = 0
         self.skipped_steps = 0
         self._t_last: Optional[float] = None
+        self._guard = NonFiniteGuard()
+        self._immediate_check = True  # decided at fit start: CPU, or skip without an on-device skip
 
     # -- model -------------------------------------------------------------------------------------
     def build_model(self) -> Transformer:
@@ -125,32 +130,70 @@ class CausalLM(L.LightningModule):
         loss, ntok = self._loss(batch)
         aux = self.model.aux_losses()
         total = loss + sum(aux.values()) if aux else loss
-        if not torch.isfinite(total):
-            return self._on_nonfinite(total)
+        if self._immediate_check:  # CPU (free), or skip with an optimizer that cannot skip on the device
+            if not torch.isfinite(total):
+                return self._on_nonfinite(self.global_step, total.item(), self.skipped_steps + 1, deferred=False)
+        else:  # CUDA: device-side flag; the host reads it when it has arrived, never waiting for it
+            accumulate = max(1, int(getattr(self.trainer, "accumulate_grad_batches", 1)))
+            self._guard.observe(total, self.global_step, self._torch_optimizer(), batch_idx % accumulate == 0)
+            found = self._guard.poll()
+            if found is not None:
+                self._on_nonfinite(*found, deferred=True)
         self.tokens_seen += ntok * self.trainer.world_size
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
         for name, value in aux.items():
             self.log(f"train/{name}", value, on_step=True, on_epoch=False)
-        self.log("train/tokens", float(self.tokens_seen), on_step=True, on_epoch=False)
+        if self._logging_step():  # a float is copied to the device: only when the logger writes
+            self.log("train/tokens", float(self.tokens_seen), on_step=True, on_epoch=False)
         return total
 
-    def _on_nonfinite(self, loss: torch.Tensor) -> Optional[torch.Tensor]:
-        msg = f"non-finite loss {loss.item()} at step {self.global_step}"
+    def _torch_optimizer(self):
+        opt = self.optimizers(use_pl_optimizer=False) if self._trainer is not None else None
+        return opt[0] if isinstance(opt, list) else opt
+
+    def _logging_step(self) -> bool:
+        connector = getattr(self.trainer, "_logger_connector", None)
+        return bool(getattr(connector, "should_update_logs", True))
+
+    def on_train_start(self) -> None:
+        deferred = self.device.type == "cuda" or nonfinite_check.DEFERRED_ON_CPU
+        can_skip_on_device = supports_found_inf(self._torch_optimizer())
+        self._immediate_check = not deferred or (self.nonfinite == "skip" and not can_skip_on_device)
+        self._guard.reset(self.device)
+        if deferred and self._immediate_check:
+            rank_zero_warn(
+                f"model.nonfinite: skip: {type(self._torch_optimizer()).__name__} cannot skip a step on the device, so "
+                "the loss is checked on the host at every step (one sync per step); use torch.optim.AdamW with "
+                "fused: true for a sync-free skip, or nonfinite: stop"
+            )
+
+    def on_train_end(self) -> None:
+        found = self._guard.poll(block=True)
+        if found is not None:
+            self._on_nonfinite(*found, deferred=True, log=False)
+
+    def _on_nonfinite(self, step: int, value: float, count: int, deferred: bool, log: bool = True) -> Optional[torch.Tensor]:
+        hint = ("check the data and the recipe (this is the first step)" if step == 0 else
+                "lower the learning rate (model.optimizer.init_args.lr) or resume from the last good checkpoint "
+                "with --ckpt_path")
+        msg = f"model.nonfinite: {self.nonfinite}: non-finite loss {value} at step {step}"
+        if deferred and step != self.global_step:
+            msg += f" (seen at step {self.global_step}: on CUDA the check does not wait for the device)"
         if self.nonfinite == "skip":
             if self.trainer.world_size > 1:
-                raise NonFiniteLossError(f"{msg}: model.nonfinite=skip works in single-process runs only; use stop")
-            self.skipped_steps += 1
-            self.log("train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
-            rank_zero_warn(f"{msg}: step skipped ({self.skipped_steps} so far; model.nonfinite=skip)")
+                raise NonFiniteLossError(f"{msg}; skip works in single-process runs only: use stop")
+            self.skipped_steps = count
+            if log:  # (not allowed, nor needed, from the checkpoint and end-of-training hooks)
+                self.log("train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+            rank_zero_warn(f"{msg}: step skipped ({self.skipped_steps} so far)")
             return None
         if self.nonfinite == "stop":
             path = self._nonfinite_checkpoint_path()
             self.trainer.save_checkpoint(path)
-            raise NonFiniteLossError(
-                f"{msg}: stopped after saving {path} (model.nonfinite=stop); lower the learning rate or "
-                "resume from the last good checkpoint with --ckpt_path"
-            )
-        raise NonFiniteLossError(f"{msg} (model.nonfinite=raise)")
+            later = ("" if not deferred or supports_found_inf(self._torch_optimizer()) else
+                     "; its weights may include the updates of the steps until it was seen")
+            raise NonFiniteLossError(f"{msg}: stopped after saving {path}{later}; {hint}")
+        raise NonFiniteLossError(f"{msg}; {hint}")
 
     def _nonfinite_checkpoint_path(self) -> str:
         import os
@@ -171,7 +214,7 @@ class CausalLM(L.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         now = time.perf_counter()
-        if self._t_last is not None and self.trainer.is_global_zero:
+        if self._t_last is not None and self.trainer.is_global_zero and self._logging_step():
             tokens_per_sec = (batch.shape[1] - 1) * batch.shape[0] * self.trainer.world_size / max(1e-9, now - self._t_last)
             self.log("train/tokens_per_sec", tokens_per_sec, on_step=True, on_epoch=False, prog_bar=True,
                      rank_zero_only=True)
@@ -217,6 +260,10 @@ class CausalLM(L.LightningModule):
             )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if not self._immediate_check:  # never write a checkpoint after an unnoticed non-finite loss
+            found = self._guard.poll(block=True)
+            if found is not None:
+                self._on_nonfinite(*found, deferred=True, log=False)
         checkpoint["scalevec"] = {
             "tokens_seen": self.tokens_seen,
             "skipped_steps": self.skipped_steps,

@@ -1,0 +1,380 @@
+"""Bad input, as a new user gives it: every case asserts the exit code, the one-paragraph message, that no
+traceback is printed, and that no file outside the run's own output changed (hashes before and after).
+
+Most cases run the command in-process (``scalevec_lit.cli.main``), which is what ``python -m scalevec_lit``
+runs, so that the whole file takes about a minute; one case runs a real subprocess to check the exit code
+and stderr end to end.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, recipe, run_cli, smoke_args
+
+SMOKE = recipe("smoke.yaml")
+
+
+def _hashes(*roots: Path, exclude: tuple[Path, ...] = ()) -> dict[str, str]:
+    out = {}
+    for root in roots:
+        for p in sorted(Path(root).rglob("*")):
+            if p.is_file() and not any(p == e or e in p.parents for e in exclude):
+                out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+@pytest.fixture()
+def world(tmp_path, prepared_data):
+    """The files a run may read but never change: this test's inputs, the prepared data, the recipes."""
+    roots = (tmp_path, prepared_data, ROOT / "recipes", ROOT / "scalevec_lit" / "data" / "corpus")
+    out = tmp_path / "out"
+
+    class World:
+        path = tmp_path
+        data = prepared_data
+
+        def __init__(self):
+            self.before = None
+
+        def freeze(self):
+            self.before = _hashes(*roots, exclude=(out,))
+
+        def unchanged(self):
+            assert _hashes(*roots, exclude=(out,)) == self.before
+
+    return World()
+
+
+def _main(capfd, args: list[str]) -> tuple[int, str]:
+    from scalevec_lit.cli import main
+
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    out, err = capfd.readouterr()
+    return code, out + err
+
+
+def check(world, capfd, args: list, code: int, *parts: str) -> str:
+    """Run ``args``; assert the exit code, one ``error:`` paragraph holding ``parts``, no traceback, no change."""
+    if world.before is None:
+        world.freeze()
+    got, text = _main(capfd, args)
+    assert "Traceback" not in text, text[-3000:]
+    assert got == code, (got, text[-3000:])
+    if code:
+        errors = [line for line in text.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1, text[-3000:]
+        for part in parts:
+            assert part in errors[0], (part, errors[0])
+    else:
+        for part in parts:
+            assert part in text, (part, text[-3000:])
+    world.unchanged()
+    return text
+
+
+def fit(world, *extra) -> list:
+    return smoke_args(world.data, world.path / "out", 2, "--trainer.limit_val_batches=0", *extra)
+
+
+# -- the command line and the recipe (exit 2) ---------------------------------------------------------
+def test_unknown_command(world, capfd):
+    check(world, capfd, ["fitt", "--config", SMOKE], 2, "command: fitt: unknown command", "did you mean 'fit'")
+
+
+def test_no_command(world, capfd):
+    check(world, capfd, [], 2, "no command given", "fit")
+
+
+def test_missing_recipe_file(world, capfd):
+    check(world, capfd, ["fit", "--config", "recipes/smoke.yml"], 2, "--config: recipes/smoke.yml: no such file",
+          "recipes/smoke.yaml")
+
+
+def test_recipe_with_tabs(world, capfd):
+    bad = world.path / "tabs.yaml"
+    bad.write_text("trainer:\n\tmax_steps: 3\n")
+    check(world, capfd, ["fit", "--config", SMOKE, "--config", bad], 2, f"{bad}:2", "indented with a tab",
+          "replace the tabs by spaces")
+
+
+def test_recipe_that_is_not_yaml(world, capfd):
+    bad = world.path / "broken.yaml"
+    bad.write_text("model:\n  config: {n_layer: 2\n")
+    check(world, capfd, ["fit", "--config", bad], 2, f"{bad}:", "not valid YAML")
+
+
+def test_unknown_key_suggests_the_closest(world, capfd):
+    check(world, capfd, ["fit", "--config", SMOKE, "--model.config.n_layers=3"], 2,
+          "unknown key 'model.config.n_layers'; did you mean 'model.config.n_layer'")
+
+
+def test_wrong_type(world, capfd):
+    check(world, capfd, ["fit", "--config", SMOKE, "--model.config.n_layer=four"], 2, "model.config.n_layer", "four")
+
+
+def test_unknown_placement(world, capfd):
+    check(world, capfd, ["fit", "--config", SMOKE, "--model.strategy.placement.q=dnpp"], 2, "placement.q", "dnpp",
+          "dual_norm")
+
+
+@pytest.mark.parametrize("key, value, parts", [
+    ("model.optimizer.init_args.lr", "-0.001", ("model.optimizer.init_args.lr: -0.001: a negative learning rate",)),
+    ("data.batch_size", "0", ("data.batch_size: 0: must be at least 1",)),
+    ("model.config.seq_len", "0", ("model.config.seq_len: 0: must be at least 1",)),
+    ("model.config.seq_len", "-3", ("model.config.seq_len: -3: must be at least 1",)),
+    ("trainer.max_steps", "-5", ("trainer.max_steps: -5: must be a positive number", "--trainer.max_steps=")),
+    ("trainer.max_steps", "0", ("trainer.max_steps: 0: a run needs at least one optimizer step",)),
+    ("data.num_workers", "-1", ("data.num_workers: -1: must be at least 0",)),
+])
+def test_bad_values(world, capfd, key, value, parts):
+    check(world, capfd, fit(world, f"--{key}={value}"), 2, *parts)
+
+
+def test_data_dir_that_is_a_file(world, capfd):
+    (world.path / "notes.txt").write_text("hello")
+    check(world, capfd, fit(world, f"--data.data_dir={world.path / 'notes.txt'}"), 2,
+          "notes.txt'", "is a file, not a prepared folder", "prepare --output")
+
+
+def test_data_dir_that_does_not_exist(world, capfd):
+    check(world, capfd, fit(world, f"--data.data_dir={world.path / 'nowhere'}"), 2, "data.data_dir:", "nowhere",
+          "does not exist", "prepare")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a GPU")
+def test_gpu_recipe_on_a_cpu_machine_says_how_to_run_on_cpu(world, capfd):
+    check(world, capfd, ["fit", "--config", recipe("dense_2b.yaml")], 2,
+          "trainer.accelerator: gpu: this recipe needs a CUDA GPU", "--trainer.accelerator=cpu", "recipes/smoke.yaml")
+
+
+def test_gpu_recipe_with_the_cpu_flags_and_no_data(world, capfd):
+    from scalevec_lit.checks import CPU_FLAGS
+
+    check(world, capfd, ["fit", "--config", recipe("dense_2b.yaml"), *CPU_FLAGS.split(),
+                         f"--data.data_dir={world.path / 'pretrain'}"], 2, "data.data_dir:", "pretrain", "prepare")
+
+
+def test_missing_checkpoint(world, capfd):
+    check(world, capfd, fit(world, f"--ckpt_path={world.path / 'nope.ckpt'}"), 2,
+          "--ckpt_path:", "nope.ckpt", "no such checkpoint")
+
+
+# -- runs that start, and the checkpoints they leave ----------------------------------------------------
+@pytest.fixture(scope="module")
+def trained(prepared_data, tmp_path_factory) -> Path:
+    """A 2-step smoke run (a real checkpoint with its tokenizer recorded), in-process."""
+    from scalevec_lit.cli import main
+
+    root = tmp_path_factory.mktemp("trained")
+    main(smoke_args(prepared_data, root, 2, "--trainer.limit_val_batches=0"))
+    ckpt = root / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file()
+    return ckpt
+
+
+def test_short_run_of_a_recipe_with_a_duplicated_callback_and_lr_zero(world, capfd):
+    """``--trainer.max_steps=2`` (warmup 30 clipped), the README's ``callbacks+=`` of a callback the recipe has,
+    and lr 0 (a warning): the run works, with one line for each."""
+    text = check(world, capfd, fit(world, "--model.schedule.init_args.warmup_steps=30",
+                                   "--trainer.callbacks+=scalevec_lit.callbacks.ScaleVectorMonitor",
+                                   "--model.optimizer.init_args.lr=0"), 0,
+                 "note: model.schedule.warmup_steps: 30 is longer than this run (2 steps); warming up over 2",
+                 "note: trainer.callbacks: scalevec_lit.callbacks.ScaleVectorMonitor is given twice",
+                 "warning: model.optimizer.init_args.lr: 0: the weights will not change")
+    assert (world.path / "out" / "checkpoints" / "last.ckpt").is_file()
+    assert text.count("is given twice") == 1
+
+
+def _damaged(trained: Path, folder: Path, how: str) -> Path:
+    data = bytearray(trained.read_bytes())
+    if how == "truncated":
+        data = data[: len(data) // 2]
+    else:
+        data[len(data) // 3] ^= 0xFF  # one flipped byte inside the weights
+    bad = folder / f"{how}.ckpt"
+    bad.write_bytes(bytes(data))
+    return bad
+
+
+@pytest.mark.parametrize("how", ["truncated", "flipped"])
+def test_fit_refuses_a_damaged_checkpoint(world, capfd, trained, how):
+    bad = _damaged(trained, world.path, how)
+    check(world, capfd, fit(world, f"--ckpt_path={bad}"), 1, f"{how}.ckpt", "truncated or corrupt")
+
+
+@pytest.mark.parametrize("how", ["truncated", "flipped"])
+def test_export_refuses_a_damaged_checkpoint(world, capfd, trained, how):
+    bad = _damaged(trained, world.path, how)
+    check(world, capfd, ["export", "--ckpt", bad, "--out", world.path / "out" / "hf"], 1, f"{how}.ckpt",
+          "truncated or corrupt")
+    assert not (world.path / "out" / "hf" / "model.safetensors").exists()
+
+
+def test_export_refuses_a_tokenizer_other_than_the_recorded_one(world, capfd, trained):
+    from scalevec_lit.data.tokenizer import DEFAULT_TOKENIZER
+
+    other = world.path / "other.json"
+    other.write_text(DEFAULT_TOKENIZER.read_text().replace("<|endoftext|>", "<|end_of_text|>"))
+    check(world, capfd, ["export", "--ckpt", trained, "--out", world.path / "out" / "hf", "--tokenizer", other], 2,
+          "--tokenizer:", "other.json", "is not the tokenizer the model was trained with")
+
+
+def test_export_refuses_when_the_recorded_tokenizer_is_gone(world, capfd, trained):
+    ckpt = torch.load(trained, map_location="cpu", weights_only=False)
+    assert ckpt["scalevec"]["tokenizer"]["sha256"]
+    ckpt["scalevec"]["tokenizer"]["path"] = str(world.path / "moved" / "tokenizer.json")
+    moved = world.path / "moved.ckpt"
+    torch.save(ckpt, moved)
+    check(world, capfd, ["export", "--ckpt", moved, "--out", world.path / "out" / "hf"], 2,
+          "moved/tokenizer.json", "which is not there any more", "pass --tokenizer")
+
+
+def test_export_ships_the_recorded_tokenizer(world, capfd, trained):
+    text = check(world, capfd, ["export", "--ckpt", trained, "--out", world.path / "out" / "hf", "--format",
+                                "native"], 0, "recorded in the checkpoint")
+    assert "embedded" not in text
+
+
+def test_second_run_into_a_folder_in_use(world, capfd):
+    import socket
+    import subprocess
+    import sys
+
+    folder = world.path / "out" / "checkpoints"
+    folder.mkdir(parents=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (folder / "run.lock").write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname()}))
+        check(world, capfd, fit(world), 1, "checkpoint folder", "in use", f"pid {sleeper.pid}",
+              "--trainer.default_root_dir=")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_fresh_run_into_a_folder_with_another_runs_checkpoints(world, capfd, trained):
+    folder = world.path / "out" / "checkpoints"
+    folder.mkdir(parents=True)
+    shutil.copy(trained, folder / "last.ckpt")
+    check(world, capfd, fit(world), 2, "holds the checkpoints of an earlier run", "--ckpt_path last")
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]
+
+
+# -- prepare ----------------------------------------------------------------------------------------------
+def _texts(folder: Path, n: int = 3) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        (folder / f"t{i}.txt").write_text("\n\n".join(f"Line {j} of text {i}, with words." for j in range(80)))
+    return folder
+
+
+def prep(world, *args) -> list:
+    return ["prepare", "--num-workers", "1", "--segment-chars", "200", "--val-fraction", "0.3", *map(str, args)]
+
+
+def test_prepare_output_equal_to_input(world, capfd):
+    texts = _texts(world.path / "texts")
+    check(world, capfd, prep(world, "--input", texts, "--output", texts), 2, "--output:", "is the input",
+          "outside the input")
+
+
+def test_prepare_output_inside_input(world, capfd):
+    texts = _texts(world.path / "texts")
+    check(world, capfd, prep(world, "--input", texts, "--output", texts / "prepared"), 2, "is inside the input")
+    assert not (texts / "prepared").exists()
+
+
+def test_prepare_output_holding_the_users_files(world, capfd):
+    texts = _texts(world.path / "texts")
+    mine = world.path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("my thesis")
+    check(world, capfd, prep(world, "--input", texts, "--output", mine), 2, "holds files that prepare did not write",
+          "thesis.tex")
+
+
+def test_prepare_overwrite_removes_only_its_own_files(world, capfd):
+    texts = _texts(world.path / "texts")
+    out = world.path / "out" / "prep"
+    check(world, capfd, prep(world, "--input", texts, "--output", out), 0, "prepared")
+    (out / "README.txt").write_text("the user's notes")
+    check(world, capfd, prep(world, "--input", texts, "--output", out), 2, "already holds prepared data",
+          "--overwrite")
+    check(world, capfd, prep(world, "--input", texts, "--output", out, "--overwrite"), 0, "prepared")
+    assert (out / "README.txt").read_text() == "the user's notes"
+
+
+def test_prepare_skips_and_lists_undecodable_and_binary_files(world, capfd):
+    texts = _texts(world.path / "texts")
+    (texts / "latin.txt").write_bytes("Caf\u00e9 cr\u00e8me, na\u00efve fa\u00e7ade.\n".encode("latin-1") * 50)
+    (texts / "image.txt").write_bytes(bytes(range(256)) * 40)
+    out = world.path / "out" / "prep"
+    text = check(world, capfd, prep(world, "--input", texts, "--output", out), 0,
+                 "read 3 of 5 text file(s)", "skipped 1 binary file(s): image.txt",
+                 "not valid text in the encoding: latin.txt (200 bad bytes)")
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["files"] == 3 and len(meta["skipped"]["binary"]) == 1 and len(meta["skipped"]["undecodable"]) == 1
+    assert "\ufffd" not in text
+
+
+def test_prepare_strict_stops_on_an_undecodable_file(world, capfd):
+    texts = _texts(world.path / "texts")
+    (texts / "latin.txt").write_bytes("na\u00efve\n".encode("latin-1") * 10)
+    check(world, capfd, prep(world, "--input", texts, "--output", world.path / "out" / "p", "--errors", "strict"), 2,
+          "latin.txt", "10 bytes are not valid utf-8", "--encoding")
+
+
+def test_prepare_unknown_encoding(world, capfd):
+    texts = _texts(world.path / "texts")
+    check(world, capfd, prep(world, "--input", texts, "--output", world.path / "out" / "p", "--encoding", "klingon"),
+          2, "--encoding: 'klingon': unknown encoding")
+
+
+def test_prepare_only_binary_files(world, capfd):
+    folder = world.path / "bins"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(b"\x00\x01" * 500)
+    check(world, capfd, prep(world, "--input", folder, "--output", world.path / "out" / "p"), 2,
+          "none of its 1 file(s) is readable text", "binary")
+
+
+def test_prepare_bad_val_fraction(world, capfd):
+    texts = _texts(world.path / "texts")
+    check(world, capfd, prep(world, "--input", texts, "--output", world.path / "out" / "p", "--val-fraction", "1.5"),
+          2, "--val-fraction: 1.5: must be between 0 and 1")
+
+
+def test_prepare_missing_input(world, capfd):
+    check(world, capfd, prep(world, "--input", world.path / "nowhere", "--output", world.path / "out" / "p"), 2,
+          "--input:", "nowhere", "is not a folder")
+
+
+def test_prepare_tokenizer_that_is_not_json(world, capfd):
+    texts = _texts(world.path / "texts")
+    bad = world.path / "tok.json"
+    bad.write_text("{not json")
+    check(world, capfd, prep(world, "--input", texts, "--output", world.path / "out" / "p", "--tokenizer", bad), 2,
+          "--tokenizer:", "tok.json", "could not be read")
+
+
+# -- end to end, one subprocess ---------------------------------------------------------------------------
+def test_subprocess_error_is_one_paragraph_with_exit_code_and_debug_shows_the_traceback(world, tmp_path):
+    world.freeze()
+    res = run_cli(["fit", "--config", SMOKE, "--data.batch_size=0"], cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1] == "error: data.batch_size: 0: must be at least 1; set e.g. " \
+                                                  "--data.batch_size=1"
+    res = run_cli(["fit", "--config", SMOKE, f"--data.data_dir={tmp_path / 'nowhere'}"], cwd=tmp_path,
+                  env={"SCALEVEC_DEBUG": "1"})
+    assert res.returncode != 0 and "Traceback" in res.stderr and "FileNotFoundError" in res.stderr
+    world.unchanged()
