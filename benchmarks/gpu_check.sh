@@ -3,6 +3,8 @@
 #   bash benchmarks/gpu_check.sh            # dense_0.12b and dense_1b x baseline and unified, bf16 FSDP2 + compile
 #   bash benchmarks/gpu_check.sh --dry-run  # tiny sizes on CPU (the test suite runs this)
 # Logs and the table go to $OUT (default benchmarks/out). Needs torch and PyYAML only.
+# The table's syncs/step column counts host-device synchronizations in the timed steps
+# (torch.cuda.set_sync_debug_mode("warn"); call sites in gpu_check.json); the library's loop needs none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-benchmarks/out}"
