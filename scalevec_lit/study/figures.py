@@ -100,7 +100,7 @@ def plot_paired(rows: list[dict], path: Path, title: str) -> None:
     """Per comparison: the per-pair differences (dots), their mean and bootstrap 95% CI, and the zero line.
     ``rows``: ``{"label", "diffs", "mean", "ci"}``."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, max(3.6, 0.55 * len(rows) + 1.4)))
+    fig, ax = plt.subplots(figsize=(10, max(3.6, 0.55 * len(rows) + 1.4)))
     for i, r in enumerate(rows):
         y = len(rows) - 1 - i
         ax.scatter(r["diffs"], [y] * len(r["diffs"]), s=18, color="tab:blue", alpha=0.7, zorder=3)
@@ -109,9 +109,10 @@ def plot_paired(rows: list[dict], path: Path, title: str) -> None:
             ax.plot([lo, hi], [y + 0.18, y + 0.18], color="black", linewidth=2)
             ax.scatter([r["mean"]], [y + 0.18], marker="D", color="black", s=22, zorder=4)
     ax.axvline(0, color="gray", linestyle="--", linewidth=1)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([r["label"] for r in reversed(rows)], fontsize=8)
-    ax.set_xlabel("endpoint difference (variant − reference), same seed; > 0: variant worse")
+    ax.set_xlabel("endpoint difference (variant − reference), same seed; > 0: variant worse", fontsize=9)
     ax.set_title(f"{title}: paired differences (dots), mean (diamond) and bootstrap 95% CI", fontsize=9)
     ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
