@@ -18,7 +18,15 @@ Two measurements, each interleaved in one process so that the machine's drifts h
 
     .venv/bin/python benchmarks/overhead.py                          # both, all presets, 150 rounds
     .venv/bin/python benchmarks/overhead.py --only presets --presets baseline unified --rounds 200
+    .venv/bin/python benchmarks/overhead.py --only presets --presets baseline unified --reference --shape d256
     .venv/bin/python benchmarks/overhead.py --only lightning --rounds 200 --json out.json
+
+``--shape d256`` times the d = 256, 6-layer, seq 256, batch 8 model instead of the smoke model;
+``--reference`` adds ``plain_llama`` (benchmarks/plain_llama.py: fused q/k/v and gate/up, SDPA, the same
+shape, init and AdamW) to the interleaved rounds. Besides time and allocator peak, every preset gets the
+bytes autograd saves for the backward in one step (distinct storages, parameters excluded): in total and
+per token per block (saved while a block runs, over blocks and tokens), the measure that does not depend
+on the allocator.
 
 Neither RoleWeightDecay nor ScaleVectorMonitor is attached (see ``benchmarks/monitor_overhead.py`` for the
 monitor). Imports the library (model, ``CausalLM``, data module) and Lightning; the library must not
@@ -41,11 +49,20 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 PRESETS = ["baseline", "no_scale", "unit_offset", "hg", "dp", "dnp", "or", "er", "unified", "qk_norm", "sandwich"]
 
 
-def build_module(preset: str, data_dir: str, seed: int = 0):
+#: model-config overrides and batch size per ``--shape`` (smoke: recipes/smoke.yaml as it is)
+SHAPES = {
+    "smoke": ({}, 16, 128),
+    "d256": ({"n_embd": 256, "n_layer": 6, "n_head": 4, "n_kv_head": None, "head_dim": None,
+              "intermediate_size": None}, 8, 256),
+}
+
+
+def build_module(preset: str, data_dir: str, seed: int = 0, config: dict | None = None):
     """A ``CausalLM`` from recipes/smoke.yaml's ``model`` section with the preset's strategy, model built."""
     import yaml
     from jsonargparse import ArgumentParser
@@ -54,6 +71,7 @@ def build_module(preset: str, data_dir: str, seed: int = 0):
     from scalevec_lit.lit.module import CausalLM
 
     model = yaml.safe_load((ROOT / "recipes" / "smoke.yaml").read_text())["model"]
+    model.setdefault("config", {}).update(config or {})
     model["strategy"] = yaml.safe_load((ROOT / "recipes" / "strategy" / f"{preset}.yaml").read_text())["model"]["strategy"]
     model["vocab_size"] = TokenDataModule(data_dir=data_dir).vocab_size
     parser = ArgumentParser(exit_on_error=False)
@@ -70,10 +88,10 @@ def optimizer_of(module, max_steps: int = 100_000):
     return conf["optimizer"], conf["lr_scheduler"]["scheduler"]
 
 
-def batches(data_dir: str, batch_size: int, n: int, seed: int = 0) -> list[torch.Tensor]:
+def batches(data_dir: str, batch_size: int, n: int, seed: int = 0, seq_len: int = 128) -> list[torch.Tensor]:
     from scalevec_lit.data.datamodule import TokenDataModule
 
-    dm = TokenDataModule(data_dir=data_dir, seq_len=128, batch_size=batch_size, seed=seed)
+    dm = TokenDataModule(data_dir=data_dir, seq_len=seq_len, batch_size=batch_size, seed=seed)
     dm.setup("fit")
     it = iter(dm.train_dataloader())
     return [next(it) for _ in range(n)]
@@ -96,6 +114,62 @@ class PlainStep:
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
         return loss.detach()
+
+
+class ReferenceStep:
+    """The same step over ``benchmarks/plain_llama.py``'s model of the module's shape."""
+
+    def __init__(self, module) -> None:
+        from plain_llama import PlainLlama, plain_optimizer
+
+        c = module.model.config
+        torch.manual_seed(0)
+        self.model = PlainLlama(c.vocab_size, c.n_embd, c.n_layer, c.n_head, c.n_kv_head, c.intermediate_size,
+                                c.seq_len, c.rope_theta)
+        self.module = self.model
+        self.params = [p for p in self.model.parameters()]
+        self.opt = plain_optimizer(self.model)
+        self.model.train()
+
+    def __call__(self, batch: torch.Tensor) -> float:
+        logits = self.model(batch[:, :-1].long())
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].long().flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+
+def saved_bytes(step, batch: torch.Tensor) -> tuple[int, float]:
+    """Bytes of the distinct storages autograd saves in one training step (parameters and buffers
+    excluded): the total, and per token per block (what is saved while a block's forward runs)."""
+    model = step.module.model if hasattr(step.module, "model") else step.module
+    fixed = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    seen: dict[int, int] = {}
+    in_block: dict[int, int] = {}
+    state = {"block": False}
+    hooks = []
+    for block in model.blocks:
+        hooks.append(block.register_forward_pre_hook(lambda m, a: state.__setitem__("block", True)))
+        hooks.append(block.register_forward_hook(lambda m, a, o: state.__setitem__("block", False)))
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in fixed:
+            seen[st.data_ptr()] = st.nbytes()
+            if state["block"]:
+                in_block[st.data_ptr()] = st.nbytes()
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            step(batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    tokens = batch.shape[0] * (batch.shape[1] - 1)
+    return sum(seen.values()), sum(in_block.values()) / tokens / len(model.blocks)
 
 
 def state_bytes(step: PlainStep) -> int:
@@ -124,11 +198,17 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
     return q[0], statistics.median(xs), q[2]
 
 
-def bench_presets(presets: list[str], data_dir: str, rounds: int, warmup: int, batch_size: int) -> dict:
+def bench_presets(presets: list[str], data_dir: str, rounds: int, warmup: int, batch_size: int,
+                  shape: str = "smoke", reference: bool = False) -> dict:
     if "baseline" not in presets:
         presets = ["baseline", *presets]
-    data = batches(data_dir, batch_size, 8)
-    steps = {p: PlainStep(build_module(p, data_dir)) for p in presets}
+    config, default_batch, seq_len = SHAPES[shape]
+    batch_size = batch_size or default_batch
+    data = batches(data_dir, batch_size, 8, seq_len=seq_len)
+    steps = {p: PlainStep(build_module(p, data_dir, config=dict(config, seq_len=seq_len))) for p in presets}
+    if reference:
+        steps["plain_llama"] = ReferenceStep(steps["baseline"].module)
+        presets = [*presets, "plain_llama"]
     times: dict[str, list[float]] = {p: [] for p in presets}
     for r in range(warmup + rounds):
         order = presets[r % len(presets):] + presets[: r % len(presets)]
@@ -144,12 +224,15 @@ def bench_presets(presets: list[str], data_dir: str, rounds: int, warmup: int, b
         ratios = [a / b for a, b in zip(times[p], times["baseline"])]
         persistent = state_bytes(steps[p])
         transient = step_peak_bytes(steps[p], data[0])
+        saved, per_token_block = saved_bytes(steps[p], data[0])
         out[p] = {"median_step_s": statistics.median(times[p]), "time_ratio_q": quartiles(ratios),
                   "persistent_bytes": persistent, "step_peak_bytes": transient, "peak_bytes": persistent + transient,
+                  "saved_bytes": saved, "saved_per_token_block": per_token_block,
                   "scale_params": sum(p_.numel() for n, p_ in steps[p].module.named_parameters()
                                       if _is_scale(steps[p].module, p_))}
     for p in presets:
         out[p]["mem_ratio"] = out[p]["peak_bytes"] / out["baseline"]["peak_bytes"]
+        out[p]["saved_ratio"] = out[p]["saved_bytes"] / out["baseline"]["saved_bytes"]
     return out
 
 
@@ -255,18 +338,22 @@ def main(argv=None) -> dict:
     ap.add_argument("--presets", nargs="+", default=PRESETS)
     ap.add_argument("--rounds", type=int, default=150)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--batch-size", type=int, default=16, help="smoke recipe: 16 x 128 tokens")
+    ap.add_argument("--batch-size", type=int, default=0, help="default: the shape's (smoke 16 x 128, d256 8 x 256)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="smoke")
+    ap.add_argument("--reference", action="store_true", help="also time plain_llama (benchmarks/plain_llama.py)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--data-dir", default=str(ROOT / "data" / "prepared" / "shakespeare"))
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
+    args.batch_size = args.batch_size or SHAPES[args.shape][1]
     torch.set_num_threads(args.threads)
     unknown = set(args.presets) - set(PRESETS)
     if unknown:
         ap.error(f"unknown presets {sorted(unknown)}; choose from {PRESETS}")
     result = {"command": "python benchmarks/overhead.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
-              "batch": f"{args.batch_size} x 128 tokens", "rounds": args.rounds, "warmup": args.warmup}
+              "batch": f"{args.batch_size} x {SHAPES[args.shape][2]} tokens",
+              "shape": args.shape, "rounds": args.rounds, "warmup": args.warmup}
     print(f"# {result['command']}\n# {result['date']}; {result['machine']}; batch {result['batch']}", flush=True)
     if args.profile:
         rows = result["profile"] = profile_diff(args.profile, args.data_dir, args.rounds, args.batch_size)
@@ -275,12 +362,15 @@ def main(argv=None) -> dict:
             print(f"| `{k}` | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
         args.only = "none"
     if args.only in (None, "presets"):
-        res = result["presets"] = bench_presets(args.presets, args.data_dir, args.rounds, args.warmup, args.batch_size)
-        print("\n| preset | scale params | median step | time vs baseline (median, IQR) | peak memory | memory vs baseline |")
-        print("|---|---|---|---|---|---|")
+        res = result["presets"] = bench_presets(args.presets, args.data_dir, args.rounds, args.warmup, args.batch_size,
+                                                args.shape, args.reference)
+        print("\n| preset | scale params | median step | time vs baseline (median, IQR) | saved for backward | "
+              "saved vs baseline | saved per token per block | allocator peak | peak vs baseline |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for p, r in res.items():
             q1, med, q3 = r["time_ratio_q"]
             print(f"| {p} | {r['scale_params']:,} | {r['median_step_s'] * 1e3:.1f} ms | {med:.3f}× ({q1:.3f}–{q3:.3f}) | "
+                  f"{r['saved_bytes'] / 2**20:.2f} MiB | {r['saved_ratio']:.4f}× | {r['saved_per_token_block']:,.0f} B | "
                   f"{r['peak_bytes'] / 2**20:.2f} MiB | {r['mem_ratio']:.4f}× |", flush=True)
     if args.only in (None, "lightning"):
         res = result["lightning"] = bench_lightning(args.data_dir, args.rounds, args.warmup, args.batch_size)

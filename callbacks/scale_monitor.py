@@ -33,57 +33,18 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from scalevec_lit.scale.registry import ScaleParam, scale_parameters
-from scalevec_lit.scale.sites import INPUT, BranchScales, DualScaledLinear, ScaleInfo
+from scalevec_lit.scale.sites import INPUT, Consumer, ScaleInfo
 from scalevec_lit.scale.vector import ScaleVector
 
 STATS = ("mean", "std", "min", "max")
 DRIFT_COLOUR_UNIT = 0.01  # the heatmap's drift colours are linear below this, logarithmic above
 
 
-# -- which linear maps consume each input-role scale ------------------------------------------------------
-@dataclass(frozen=True)
-class Consumer:
-    """A linear map whose weight pairs with γ: ``axis=1`` columns (``W(γ ⊙ x)``), ``axis=0`` rows (``γ ⊙ W x``)."""
-
-    weight: torch.Tensor
-    axis: int
-    name: str
-
-
-def _linear_weight(module: Any) -> Optional[torch.Tensor]:
-    if isinstance(module, DualScaledLinear):
-        return module.linear.weight
-    if isinstance(module, nn.Linear):
-        return module.weight
-    return None
-
-
+# -- which weights consume each input-role scale: the registry says ---------------------------------------
 def scale_consumers(model: nn.Module) -> dict[int, list[Consumer]]:
-    """``id(ScaleVector)`` → the linear maps that read it, for every vector whose consumers are all known.
-
-    The one place that maps scale sites to their consumers. Convention used by the model code: the module
-    that owns a ``BranchScales`` names each consumer attribute after its branch (attention: ``q``, ``k``,
-    ``v``; SwiGLU: ``gate``, ``up``; the Transformer: ``head`` for the final norm). A branch whose attribute
-    is missing or not a linear map over the norm's width (e.g. MoE experts) makes the vector "unknown":
-    it is left out, and the monitor logs ``min_gamma_sq`` for it but no drift. An input-role output-side
-    scale ``u`` without normalization pairs with the rows of its own map.
-    """
-    found: dict[int, list[Optional[Consumer]]] = {}
-    for owner in model.modules():
-        for child in owner.children():
-            if not isinstance(child, BranchScales):
-                continue
-            for branch in child.branches:
-                key = child.key.get(branch)
-                if key is None or key not in child.scales:
-                    continue
-                weight = _linear_weight(getattr(owner, branch, None))
-                ok = weight is not None and weight.ndim == 2 and weight.shape[1] == child.dim
-                found.setdefault(id(child.scales[key]), []).append(Consumer(weight, 1, branch) if ok else None)
-        if isinstance(owner, DualScaledLinear) and owner.out_scale is not None:
-            if owner.out_role == INPUT and not owner.normalize:
-                found.setdefault(id(owner.out_scale), []).append(Consumer(owner.linear.weight, 0, owner.branch))
-    return {k: v for k, v in found.items() if v and all(c is not None for c in v)}  # type: ignore[misc]
+    """``id(ScaleVector)`` → the weights that read it (``ScaleParam.consumers``), for every vector that has
+    them. Vectors without (output role, a normalized u, per-expert scales) get ``min_gamma_sq`` but no drift."""
+    return {id(sp.vector): list(sp.consumers) for sp in scale_parameters(model) if sp.consumers}
 
 
 # -- reductions that work on plain tensors and on FSDP2 DTensors --------------------------------------------
@@ -156,9 +117,15 @@ def effective_gamma(vector: ScaleVector) -> torch.Tensor:
     return torch.func.functional_call(vector, full, ()).detach()
 
 
+def _sq_along(w: torch.Tensor, axis: int) -> torch.Tensor:
+    """Squared norms of the slices of ``w`` along ``axis`` (summed over every other dimension), float64."""
+    axis = axis % w.ndim
+    return w.detach().double().square().sum(dim=[d for d in range(w.ndim) if d != axis])
+
+
 @torch.no_grad()
 def consumer_sq_norms(consumers: Iterable[list[Consumer]]) -> list[list[torch.Tensor]]:
-    """For each list of consumers, the full squared norms of the columns (axis 1) or rows (axis 0) paired
+    """For each list of consumers, the full squared norms of the columns (axis -1) or rows (axis -2) paired
     with γ, float64. Column sums of row-sharded weights are reduced with one ``all_reduce`` per group."""
     import torch.distributed as dist
 
@@ -169,17 +136,19 @@ def consumer_sq_norms(consumers: Iterable[list[Consumer]]) -> list[list[torch.Te
         for j, c in enumerate(cons):
             w = c.weight
             if not _is_dtensor(w):
-                result[i].append(w.detach().double().square().sum(1 - c.axis))
+                result[i].append(_sq_along(w, c.axis))
                 continue
             group = _shard_group(w)
+            axis = c.axis % w.ndim
             if group is None:  # replicated DTensor: the local tensor is the whole weight
-                result[i].append(w.to_local().detach().double().square().sum(1 - c.axis))
-            elif c.axis == 1 and group != "full" and w.placements[_shard_dim(w)].dim == 0:
-                local = w.to_local().detach().double().square().sum(0)  # partial column sums of this rank's rows
+                result[i].append(_sq_along(w.to_local(), axis))
+            elif axis == w.ndim - 1 and group != "full" and w.placements[_shard_dim(w)].dim == 0:
+                local = _sq_along(w.to_local(), axis)  # partial column sums of this rank's rows
                 pending.setdefault(group, []).append((i, j, local))
                 result[i].append(None)
             else:  # any other layout: let DTensor reduce it
-                result[i].append(full_tensor(w.detach().square().sum(1 - c.axis)).double())
+                dims = [d for d in range(w.ndim) if d != axis]
+                result[i].append(full_tensor(w.detach().square().sum(dim=dims)).double())
     for group, items in pending.items():
         flat = torch.cat([t for _, _, t in items])
         dist.all_reduce(flat, group=group)
@@ -273,7 +242,7 @@ class ScaleVectorMonitor(Callback):
                 gamma = gammas[vid].double().cpu()
                 figures = {"min_gamma_sq": float(gamma.square().min())}
                 if vid in norms:
-                    c = self._balance(gamma, consumers[vid], norms[vid])
+                    c = self._conserved(vectors[vid][1], gamma, consumers[vid], norms[vid])
                     if c is not None:
                         key = replace(info, part="precond").tag
                         start = self.start.setdefault(key, c.clone())
@@ -298,17 +267,20 @@ class ScaleVectorMonitor(Callback):
         return snap
 
     @staticmethod
-    def _balance(gamma: torch.Tensor, consumers: list[Consumer], norms: list[torch.Tensor]) -> Optional[torch.Tensor]:
-        """``c_j = Σ_consumers ‖w_j‖² − γ_j²``; rows shared by a head-shaped γ are summed; None on a shape mismatch."""
+    def _conserved(vector: ScaleVector, gamma: torch.Tensor, consumers: list[Consumer],
+                   norms: list[torch.Tensor]) -> Optional[torch.Tensor]:
+        """The parameterization's conserved quantity (``ScaleVector.conserved``) from ``Σ_consumers ‖w_j‖²``;
+        rows shared by a head-shaped γ are summed; None on a shape mismatch or without such a quantity."""
         total = torch.zeros_like(gamma)
         for c, n in zip(consumers, norms):
             n = n.cpu()
             if n.numel() != gamma.numel():
-                if c.axis != 0 or n.numel() % gamma.numel():
+                if c.axis % c.weight.ndim == c.weight.ndim - 1 or n.numel() % gamma.numel():
                     return None
                 n = n.view(-1, gamma.numel()).sum(0)
             total += n
-        return total - gamma.square()
+        parts = {name: full_tensor(p).detach().double().cpu() for name, p in vector.parts().items()}
+        return vector.conserved(total, gamma, parts)
 
     @staticmethod
     def _heatmap_data(vectors, gstats, precond) -> dict[str, tuple[list[str], list[str], dict[str, np.ndarray]]]:

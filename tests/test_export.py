@@ -153,7 +153,7 @@ def test_preset_export_matches_transformers(preset, strategy, arch, tmp_path):
     norms = [k for k in tensors if k.endswith("layernorm.weight") or k == "model.norm.weight"]
     assert norms and all(torch.equal(tensors[k], torch.ones_like(tensors[k])) for k in norms)  # all folded away
     if preset != "no_scale":  # folding changed the maps: the scales were not the identity
-        assert not torch.equal(tensors["model.layers.0.self_attn.q_proj.weight"], model.blocks[0].attn.q.linear.weight)
+        assert not torch.equal(tensors["model.layers.0.self_attn.q_proj.weight"], model.blocks[0].attn.input.weight("q"))
     if arch == "Qwen3ForCausalLM":
         assert tensors["model.layers.0.self_attn.q_norm.weight"].shape == (model.config.head_dim,)
         assert not torch.equal(tensors["model.layers.0.self_attn.k_norm.weight"], torch.ones(model.config.head_dim))
@@ -162,7 +162,7 @@ def test_preset_export_matches_transformers(preset, strategy, arch, tmp_path):
 def test_channel_output_scale_equal_across_heads_exports_as_qwen3(tmp_path):
     """A full-width ('channel') u on q/k whose heads agree fits Qwen3's per-head-dim weight."""
     model = make_model("dnp", heads_equal=True)
-    assert model.blocks[0].attn.q.out_scale.scale.numel() == model.config.n_head * model.config.head_dim
+    assert model.blocks[0].attn.input.proj["q"].out_scale.scale.numel() == model.config.n_head * model.config.head_dim
     assert save_hf(model, tmp_path).architecture == "Qwen3ForCausalLM"
     assert_same_model(model, tmp_path, "dnp-channel-equal-heads")
 
@@ -197,7 +197,7 @@ def test_shapes_eps_theta_and_tying_reach_the_config(preset, strategy, config, t
 EXPERT_PLACEMENTS = {"q": "dual", "k": "dual", "v": "dual", "gate": "dual", "up": "dual", "router": "dual"}
 MOE_EXPORTABLE = [  # (id, preset, strategy, moe, config, architecture)
     ("qk_norm-softmax", "qk_norm", {}, {}, {}, "Qwen3MoeForCausalLM"),
-    ("unified-head-expert-scales-dense-first", "unified", {"output_shape": "head"},
+    ("unified-head-expert-scales-dense-first", "unified", {"output_shape": "head", "branch_specific": False},
      {"scales": "expert", "first_dense_layers": 1, "route_norm": False}, {"n_layer": 3}, "Qwen3MoeForCausalLM"),
     ("baseline-softmax", "baseline", {}, {}, {}, "MixtralForCausalLM"),
     ("dp-router-dual-shared-scale", "dp", {"placement": EXPERT_PLACEMENTS}, {"scales": "shared"}, {},
@@ -252,7 +252,7 @@ REFUSED = [
     ("baseline", {"placement": {"v": "dual_norm"}}, ["attn_proj.v", "placement.v: 'dual_norm'", "--format native"]),
     ("baseline", {"placement": {"gate": "dual_norm"}}, ["mlp_proj.gate", "placement.gate: 'dual_norm'"]),
     ("baseline", {"placement": {"up": "dual_norm"}}, ["mlp_proj.up", "placement.up: 'dual_norm'"]),
-    ("baseline", {"placement": {"q": "dual_norm"}}, ["attn_proj.k", "placement.k is 'input'", "both to dual_norm"]),
+    ("baseline", {"placement": {"q": "dual_norm"}}, ["attn_proj.k", "placement.k: 'input'", "both to dual_norm"]),
 ]
 
 
@@ -284,7 +284,7 @@ def test_native_format_round_trips_exactly_and_reexports(tmp_path):
     spec = json.loads((tmp_path / "sandwich" / "scalevec_spec.json").read_text())
     assert spec == json.loads(json.dumps(model_spec(model.config, model.strategy, type(model.blocks[0]))))
     back = load_native(tmp_path / "sandwich")
-    assert back.head.weight is back.embed.weight
+    assert back.head_weight is back.embed.weight and back.tied
     idx = torch.randint(0, model.config.vocab_size, (2, 16))
     with torch.no_grad():
         assert torch.equal(back(idx), model(idx))

@@ -42,8 +42,8 @@ def test_grouped_query_attention_matches_repeated_heads():
     hd = cfg.head_dim
     for i in range(cfg.n_layer):
         for name in ("k", "v"):
-            w = state[f"blocks.{i}.attn.{name}.linear.weight"].view(2, hd, cfg.n_embd)
-            state[f"blocks.{i}.attn.{name}.linear.weight"] = w.repeat_interleave(2, 0).reshape(4 * hd, cfg.n_embd)
+            key = f"blocks.{i}.attn.input.proj.{name}.weight"
+            state[key] = state[key].view(2, hd, cfg.n_embd).repeat_interleave(2, 0).reshape(4 * hd, cfg.n_embd)
     mha.load_state_dict(state)
     idx = torch.randint(0, cfg.vocab_size, (2, 16))
     torch.testing.assert_close(gqa(idx), mha(idx), rtol=1e-10, atol=1e-12)
@@ -53,16 +53,17 @@ def test_initialization_is_documented_values():
     cfg = tiny_config(n_layer=8, n_embd=256, n_head=4)
     model = Transformer(cfg)
     assert model.embed.weight.std().item() == pytest.approx(0.02, rel=0.05)
-    assert model.blocks[0].attn.q.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert model.blocks[0].attn.input.weight("q").std().item() == pytest.approx(0.02, rel=0.05)
+    assert model.head_weight.std().item() == pytest.approx(0.02, rel=0.05)
     depth = 0.02 / math.sqrt(2 * cfg.n_layer)
     assert model.blocks[3].attn.o.weight.std().item() == pytest.approx(depth, rel=0.05)
     assert model.blocks[3].mlp.down.weight.std().item() == pytest.approx(depth, rel=0.05)
-    assert torch.equal(model.blocks[0].attn.norm.scales["shared"].scale, torch.ones(cfg.n_embd))
+    assert torch.equal(model.blocks[0].attn.input.scales["shared"].scale, torch.ones(cfg.n_embd))
 
 
 def test_tied_embeddings_share_one_tensor():
     model = Transformer(tiny_config(tie_embeddings=True))
-    assert model.head.weight is model.embed.weight
+    assert model.head_weight is model.embed.weight and model.tied
     assert count_parameters(model).total == count_parameters(tiny_config()).total - 4096 * 64
 
 

@@ -85,7 +85,7 @@ def test_new_parameterization_is_one_class_chosen_from_yaml(prepared_data, tmp_p
     model = cli.model.model
     vectors = {type(sp.vector).__name__ for sp in scale_parameters(model)}
     assert vectors == {"SoftplusScale"}
-    assert model.blocks[0].attn.norm.scales["q"].sharpness == 2.0
+    assert model.blocks[0].attn.input.scales["q"].sharpness == 2.0
     moved = max((sp.param.detach().abs().max().item() for sp in scale_parameters(model)))
     assert moved > 1e-4  # trained: w left its init 0
 
@@ -180,7 +180,9 @@ def test_fold_is_exact_after_training(preset, prepared_data):
     rel = ((a - b).abs().max() / a.abs().max()).item()
     assert rel <= 1e-10, rel
     if not left:  # (theory a) input-role scales add no expressivity: a scale-free model computes the same function
-        plain = Transformer(tiny_config(), ScaleStrategy(vector=NoScale)).double()
+        # (scale-free, not norm-free: a DNP placement keeps its parameter-free per-head norm)
+        scale_free = ScaleStrategy(vector=NoScale, placement=strategy.placement, eps=strategy.eps)
+        plain = Transformer(tiny_config(), scale_free).double()
         plain.load_state_dict(folded.state_dict(), strict=True)
         with torch.no_grad():
             c = plain.eval()(idx)
@@ -190,9 +192,9 @@ def test_fold_is_exact_after_training(preset, prepared_data):
 def test_fold_unties_a_tied_head():
     model = Transformer(tiny_config(tie_embeddings=True)).double()
     with torch.no_grad():
-        model.norm.scales["shared"].scale.uniform_(0.5, 1.5)
+        model.final.scales["shared"].scale.uniform_(0.5, 1.5)
     folded = fold_scales(model)
-    assert folded.head.weight is not folded.embed.weight
+    assert folded.head_weight is not folded.embed.weight and not folded.tied
     torch.testing.assert_close(folded.embed.weight, model.embed.weight)
     idx = torch.randint(0, 4096, (2, 8))
     torch.testing.assert_close(folded(idx), model(idx), rtol=1e-10, atol=1e-12)

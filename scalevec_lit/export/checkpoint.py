@@ -113,16 +113,16 @@ def model_from_state(spec: dict[str, Any], state: dict[str, torch.Tensor]) -> Tr
     model.float()
     tied = model.config.tie_embeddings
     if tied:
-        state = {k: v for k, v in state.items() if k != "head.weight"}
+        state = {k: v for k, v in state.items() if k != Transformer.HEAD_KEY}
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not (tied and k == "head.weight")]
+    missing = [k for k in missing if not (tied and k == Transformer.HEAD_KEY)]
     if missing or unexpected:
         raise ExportError(
             f"--ckpt: the weights do not fit the model of the checkpoint's spec (missing: {missing[:5]}, "
             f"unexpected: {unexpected[:5]}); was the checkpoint written by another version of the model code?"
         )
     if tied:
-        model.head.weight = model.embed.weight
+        model.tie_()
     cos, sin = rope_tables(model.config.seq_len, model.config.head_dim, model.config.rope_theta)
     model.rope_cos.copy_(cos)
     model.rope_sin.copy_(sin)

@@ -15,7 +15,7 @@ from ..model.mlp import SwiGLU
 from ..model.transformer import Transformer
 from ..scale.fold import fold_scales
 from .errors import HFExportError
-from .hf_plan import _head_weight, plan_hf
+from .hf_plan import head_norm_weight, plan_hf
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -50,40 +50,40 @@ def hf_layout(model: Transformer, eos_id: Optional[int] = None, dtype: torch.dty
         raise HFExportError("cannot export to a standard transformers architecture:\n  - " + "\n  - ".join(problems))
     model_type, moe_prefix, expert_names = ARCHITECTURES[arch]
     c, s, d = folded.config, folded.strategy, folded.config.n_embd
-    qk_norm = folded.blocks[0].attn.q.normalize
+    qk_norm = folded.blocks[0].attn.input.normalizes("q")
     ones = lambda: torch.ones(d)  # noqa: E731  (our folded norms are bare RMS: HF norm weight of ones)
     t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": folded.embed.weight}
     for i, block in enumerate(folded.blocks):
         a, m, p = block.attn, block.mlp, f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = ones()
-        for name, proj in (("q", a.q), ("k", a.k), ("v", a.v)):
-            t[p + f"self_attn.{name}_proj.weight"] = proj.linear.weight
+        for name in ("q", "k", "v"):
+            t[p + f"self_attn.{name}_proj.weight"] = a.input.weight(name)
         t[p + "self_attn.o_proj.weight"] = a.o.weight
         if qk_norm:
-            t[p + "self_attn.q_norm.weight"] = _head_weight(a.q, a.n_head, a.head_dim)[0]
-            t[p + "self_attn.k_norm.weight"] = _head_weight(a.k, a.n_kv_head, a.head_dim)[0]
+            t[p + "self_attn.q_norm.weight"] = head_norm_weight(a.input, "q", a.head_dim)[0]
+            t[p + "self_attn.k_norm.weight"] = head_norm_weight(a.input, "k", a.head_dim)[0]
         t[p + "post_attention_layernorm.weight"] = ones()
         if type(m) is SwiGLU:
-            t[p + "mlp.gate_proj.weight"] = m.gate.linear.weight
-            t[p + "mlp.up_proj.weight"] = m.up.linear.weight
+            t[p + "mlp.gate_proj.weight"] = m.input.weight("gate")
+            t[p + "mlp.up_proj.weight"] = m.input.weight("up")
             t[p + "mlp.down_proj.weight"] = m.down.weight
         else:  # MoE, in the per-expert layout of the hub checkpoints (transformers 5 fuses it on load)
-            t[p + f"{moe_prefix}.gate.weight"] = m.router.linear.weight
+            t[p + f"{moe_prefix}.gate.weight"] = m.input.weight("router")
             if arch == "Glm4MoeForCausalLM":
                 bias = getattr(m, "expert_bias", None)
                 t[p + "mlp.gate.e_score_correction_bias"] = torch.zeros(m.num_experts) if bias is None else bias
-                sh = m.shared  # Glm4-MoE always has a shared MLP: zero width when we have none
+                sh = m.shared_down is not None  # Glm4-MoE always has a shared MLP: zero width when we have none
                 empty = torch.zeros(0, d)
-                t[p + "mlp.shared_experts.gate_proj.weight"] = empty if sh is None else sh.gate.linear.weight
-                t[p + "mlp.shared_experts.up_proj.weight"] = empty if sh is None else sh.up.linear.weight
-                t[p + "mlp.shared_experts.down_proj.weight"] = empty.T if sh is None else sh.down.weight
+                t[p + "mlp.shared_experts.gate_proj.weight"] = m.input.weight("shared_gate") if sh else empty
+                t[p + "mlp.shared_experts.up_proj.weight"] = m.input.weight("shared_up") if sh else empty
+                t[p + "mlp.shared_experts.down_proj.weight"] = m.shared_down.weight if sh else empty.T
             for e in range(m.num_experts):
-                for name, w in zip(expert_names, (m.expert_gate, m.expert_up, m.expert_down)):
+                for name, w in zip(expert_names, (m.input.weight("gate"), m.input.weight("up"), m.expert_down)):
                     t[p + f"{moe_prefix}.experts.{e}.{name}.weight"] = w[e]
     t["model.norm.weight"] = ones()
-    tied = folded.head.weight is folded.embed.weight
+    tied = folded.tied
     if not tied:
-        t["lm_head.weight"] = folded.head.weight
+        t["lm_head.weight"] = folded.head_weight
     config: dict[str, Any] = {
         "architectures": [arch],
         "model_type": model_type,

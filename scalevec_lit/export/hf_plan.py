@@ -15,6 +15,7 @@ from ..model.block import Block
 from ..model.mlp import SwiGLU
 from ..model.transformer import Transformer
 from ..scale.registry import scale_parameters
+from ..scale.strategy import NORMALIZED_PLACEMENT as DNP
 
 NATIVE_HINT = "or export the native format (--format native: our state dict + spec, reloadable with build_from_spec)"
 
@@ -27,12 +28,12 @@ def _moe_class() -> Optional[type]:
     return MoE
 
 
-def _head_weight(proj, n_heads: int, head_dim: int) -> tuple[torch.Tensor, float]:
-    """The per-head u of a normalized q/k projection (ones when none) and the spread between heads."""
-    u = proj.output_scale()
+def head_norm_weight(site, branch: str, head_dim: int) -> tuple[torch.Tensor, float]:
+    """The per-head u of a normalized q/k branch (ones when none) and the spread between heads."""
+    u = site.output_scale(branch)
     if u is None:
         return torch.ones(head_dim), 0.0
-    per_head = u.detach().float().view(n_heads, head_dim)
+    per_head = u.detach().float().view(-1, head_dim)
     return per_head[0].clone(), float((per_head - per_head[0]).abs().max())
 
 
@@ -59,22 +60,23 @@ class _Refusals:
 
 
 def _check_attention(attn, i: int, r: _Refusals) -> None:
+    site = attn.input
     if attn.out_norm is not None:
         r.add("attn_output: a sublayer output norm (model.strategy.sublayer_output_norm: true) has no place in "
               "Llama, Qwen3, Qwen3-MoE, Mixtral or Glm4-MoE; set it to false", i)
-    if attn.v.normalize:
-        r.add("attn_proj.v: DNP on v (model.strategy.placement.v: 'dual_norm') normalizes v per head, which no "
+    if site.normalizes("v"):
+        r.add(f"attn_proj.v: DNP on v ({site.placement_key('v')}) normalizes v per head, which no "
               "standard architecture does; use input, output or dual there", i)
-    if attn.q.normalize != attn.k.normalize:
-        bare = attn.k if attn.q.normalize else attn.q
-        r.add(f"attn_proj.{bare.branch}: Qwen3's QK-norm normalizes both q and k, but model.strategy.placement."
-              f"{bare.branch} is {bare.placement!r}; set placement.q and placement.k both to dual_norm, or neither", i)
-    elif attn.q.normalize:
-        for proj, heads in ((attn.q, attn.n_head), (attn.k, attn.n_kv_head)):
-            amount = _head_weight(proj, heads, attn.head_dim)[1]
+    if site.normalizes("q") != site.normalizes("k"):
+        bare = "k" if site.normalizes("q") else "q"
+        r.add(f"attn_proj.{bare}: Qwen3's QK-norm normalizes both q and k, but {site.placement_key(bare)}; "
+              f"set placement.q and placement.k both to {DNP}, or neither", i)
+    elif site.normalizes("q"):
+        for branch in ("q", "k"):
+            amount = head_norm_weight(site, branch, attn.head_dim)[1]
             if amount > 0:
-                r.add(f"attn_proj.{proj.branch}: its output scale u (model.strategy.output_shape: 'channel') differs "
-                      f"between heads (by up to {{amount}}), while Qwen3's {proj.branch}_norm holds one weight of "
+                r.add(f"attn_proj.{branch}: its output scale u (model.strategy.output_shape: 'channel') differs "
+                      f"between heads (by up to {{amount}}), while Qwen3's {branch}_norm holds one weight of "
                       "size head_dim shared by all heads; train with model.strategy.output_shape: head", i, amount)
 
 
@@ -83,25 +85,24 @@ def _check_mlp(mlp, i: int, r: _Refusals, moe_cls: Optional[type]) -> None:
         r.add("mlp_output: a sublayer output norm (model.strategy.sublayer_output_norm: true) has no place in "
               "Llama, Qwen3, Qwen3-MoE, Mixtral or Glm4-MoE; set it to false", i)
     dnp = "normalizes its output, which no standard architecture does; use input, output or dual there"
+    site = mlp.input
     if type(mlp) is SwiGLU:
-        for proj in (mlp.gate, mlp.up):
-            if proj.normalize:
-                r.add(f"mlp_proj.{proj.branch}: DNP on {proj.branch} (model.strategy.placement.{proj.branch}: "
-                      f"'dual_norm') {dnp}", i)
+        for branch in ("gate", "up"):
+            if site.normalizes(branch):
+                r.add(f"mlp_proj.{branch}: DNP on {branch} ({site.placement_key(branch)}) {dnp}", i)
         return
     if moe_cls is None or type(mlp) is not moe_cls:
         r.add(f"block.mlp: {type(mlp).__qualname__} is neither SwiGLU nor MoE", i)
         return
-    for name, placement in (("gate", mlp.gate_placement), ("up", mlp.up_placement)):
-        if placement == "dual_norm":
-            r.add(f"mlp_proj.expert*_{name}: DNP on the experts' {name} (model.strategy.placement.{name}: "
-                  f"'dual_norm') {dnp}", i)
-    if mlp.router.normalize:
-        r.add(f"mlp_proj.router: DNP on the router (model.strategy.placement.router: 'dual_norm') {dnp}", i)
+    for branch in ("gate", "up"):
+        if site.normalizes(branch):
+            r.add(f"mlp_proj.expert*_{branch}: DNP on the experts' {branch} ({site.placement_key(branch)}) {dnp}", i)
+    if site.normalizes("router"):
+        r.add(f"mlp_proj.router: DNP on the router ({site.placement_key('router')}) {dnp}", i)
     if mlp.score == "sigmoid":  # Glm4-MoE: sigmoid router, selection bias, shared experts, dense first layers
         return
     glm = "Glm4-MoE has them, but its router is a sigmoid"
-    if mlp.shared is not None:
+    if mlp.shared_down is not None:
         r.add("the shared experts (model.config.moe.num_shared_experts > 0) have no place in Qwen3-MoE or Mixtral "
               f"(routed experts only; {glm}); set num_shared_experts: 0 or router: sigmoid", i)
     bias = getattr(mlp, "expert_bias", None)
@@ -125,7 +126,7 @@ def plan_hf(model: nn.Module) -> tuple[Optional[str], list[str]]:
             _check_attention(block.attn, i, r)
             _check_mlp(block.mlp, i, r, moe_cls)
     attn0 = model.blocks[0].attn if type(model.blocks[0]) is Block else None
-    qk_norm = attn0 is not None and attn0.q.normalize and attn0.k.normalize
+    qk_norm = attn0 is not None and attn0.input.normalizes("q") and attn0.input.normalizes("k")
     moe = model.config.moe if moe_cls is not None and any(type(b.mlp) is moe_cls for b in model.blocks) else None
     if moe is None:
         arch = "Qwen3ForCausalLM" if qk_norm else "LlamaForCausalLM"
@@ -133,12 +134,12 @@ def plan_hf(model: nn.Module) -> tuple[Optional[str], list[str]]:
         arch = "Glm4MoeForCausalLM"
     elif qk_norm:
         arch = "Qwen3MoeForCausalLM"
-    elif attn0 is None or attn0.q.normalize or attn0.k.normalize:
+    elif attn0 is None or attn0.input.normalizes("q") or attn0.input.normalizes("k"):
         arch = None  # refused above: only q or only k normalized
     else:
         arch = "MixtralForCausalLM"
         why = "Mixtral (the softmax-routed MoE architecture without QK-norm)"
-        fix = "or train with placement.q and placement.k: dual_norm and output_shape: head (then Qwen3-MoE holds it)"
+        fix = f"or train with placement.q and placement.k: {DNP} and output_shape: head (then Qwen3-MoE holds it)"
         if moe.first_dense_layers:
             r.add(f"the dense MLPs of the first {moe.first_dense_layers} layers (model.config.moe.first_dense_layers)"
                   f" have no place in {why}; set first_dense_layers: 0, {fix}", None)
@@ -147,7 +148,7 @@ def plan_hf(model: nn.Module) -> tuple[Optional[str], list[str]]:
                   f"normalizes them; set route_norm: true, {fix}", None)
     if r.layers:
         return None, r.lines()
-    known = {id(b.attn.q.out_scale) for b in model.blocks} | {id(b.attn.k.out_scale) for b in model.blocks}
+    known = {id(b.attn.input.proj[n].out_scale) for b in model.blocks for n in ("q", "k")}
     left = [sp.name for sp in scale_parameters(model) if id(sp.vector) not in known]
     if left:
         return None, [f"scale parameters without a standard place after folding: {left[:4]}; {NATIVE_HINT}"]

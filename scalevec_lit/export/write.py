@@ -113,8 +113,8 @@ def save_native(model: Transformer, out: str | Path, *, spec: Optional[dict[str,
     spec = spec or model_spec(model.config, model.strategy, type(model.blocks[0]))
     dest = _prepare_out(out, overwrite)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    if model.head.weight is model.embed.weight:
-        state.pop("head.weight", None)  # tied: rebuilt from the spec's tie_embeddings
+    if model.tied:
+        state.pop(Transformer.HEAD_KEY, None)  # tied: rebuilt from the spec's tie_embeddings
     files = write_safetensors(state, dest, max_shard_size)
     (dest / NATIVE_SPEC).write_text(json.dumps(spec, indent=2))
     tok_path = Path(tokenizer) if tokenizer is not None else DEFAULT_TOKENIZER

@@ -27,7 +27,8 @@ DEFAULT_GROUP_OPTIONS: dict[str, dict[str, Any]] = {
     "embedding": {"weight_decay": 0.0},
     "head": {},
     "vector": {"weight_decay": 0.0},
-    "scale": {"weight_decay": 0.0},
+    # many tiny tensors: one multi-tensor (foreach) update instead of a Python loop over them
+    "scale": {"weight_decay": 0.0, "foreach": True},
 }
 
 
@@ -35,7 +36,7 @@ def parameter_kinds(model: nn.Module) -> "OrderedDict[str, list[tuple[str, nn.Pa
     """kind -> [(name, parameter)], every trainable parameter exactly once."""
     scale_ids = {id(sp.param) for sp in scale_parameters(model)}
     embed = getattr(getattr(model, "embed", None), "weight", None)
-    head = getattr(getattr(model, "head", None), "weight", None)
+    head = getattr(model, "head_weight", None)
     kinds: "OrderedDict[str, list]" = OrderedDict((k, []) for k in KINDS)
     for name, p in model.named_parameters():
         if not p.requires_grad:

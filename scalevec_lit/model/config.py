@@ -20,9 +20,10 @@ class MoEConfig:
     expert_intermediate_size: Optional[int] = None  # default: the dense intermediate size / top_k
     num_shared_experts: int = 0
     router: Literal["softmax", "sigmoid"] = "softmax"
-    #: Scale sites of the MLP-input norm: one ``shared`` scale for router and experts, ``branch``
-    #: (HG: router vs experts, and gate vs up), or ``expert`` (one scale per expert and the router).
-    scales: Literal["shared", "branch", "expert"] = "branch"
+    #: Scales of the MLP-input norm: ``shared``: one γ read by router and experts (as Mixtral and Qwen3-MoE),
+    #: or one each for router, gate and up when ``model.strategy.branch_specific`` (HG); ``expert``: one γ
+    #: for the router and one per routed expert (not combinable with branch_specific).
+    scales: Literal["shared", "expert"] = "shared"
     aux_loss_coef: float = 0.01
     z_loss_coef: float = 0.001
     bias_balancing: bool = False  # auxiliary-loss-free balancing (DeepSeek-V3 style)
@@ -36,7 +37,7 @@ class MoEConfig:
     expert_matmul: Literal["auto", "grouped_mm", "loop"] = "auto"
 
     def __post_init__(self) -> None:
-        choices = {"router": ("softmax", "sigmoid"), "scales": ("shared", "branch", "expert"),
+        choices = {"router": ("softmax", "sigmoid"), "scales": ("shared", "expert"),
                    "expert_matmul": ("auto", "grouped_mm", "loop")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:

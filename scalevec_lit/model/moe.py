@@ -1,9 +1,9 @@
-"""Mixture-of-experts MLP: token-choice top-k router, SwiGLU experts computed per expert, balancing,
-and the scale-vector sites of the MLP-input norm.
+"""Mixture-of-experts MLP: token-choice top-k router, SwiGLU experts computed per expert, balancing.
 
 Lives here: ``MoE`` (the MLP sublayer of a block when ``config.moe`` is set), its routing and loss
-functions (``route``, ``load_balancing_loss``, ``router_z_loss``), the grouped expert matmul, and the
-per-expert scale sites (``ExpertScales``). Dropless: every token goes to its top-k experts, whatever
+functions (``route``, ``load_balancing_loss``, ``router_z_loss``) and the grouped expert matmul. The
+MLP-input norm with every map that reads it (router, routed experts, shared experts) and their scales
+is one ``NormSite`` (``scalevec_lit.scale``); this module holds no scale or placement logic. Dropless: every token goes to its top-k experts, whatever
 the load. Expert compute sorts the (token, expert) pairs by expert and runs one matmul per expert
 (``torch._grouped_mm`` on stacked ``[E, out, in]`` weights, or a loop over the E experts), never a loop
 over tokens.
@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..scale.sites import INPUT, OUTPUT, BranchScales, DualScaledLinear, OutputNorm, ScaleInfo, ScaleSite, rms_norm
-from ..scale.sites import fold_columns_
-from ..scale.strategy import ScaleStrategy, has_input_side, has_output_side
-from ..scale.vector import ScaleVector
+from ..scale.sites import Branch, NormSite, OutputNorm
+from ..scale.strategy import ScaleStrategy
 from .config import TransformerConfig
 
 
@@ -103,62 +101,6 @@ def expert_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, mode: 
     return torch.cat(out) if out else x.new_zeros(0, w.shape[1])
 
 
-# -- per-expert scale sites -------------------------------------------------------------------------------
-class ExpertScales(ScaleSite):
-    """One scale vector per expert (a list of E parameterizations), stacked to ``[E, dim]`` when used.
-
-    Input side (site ``mlp_input``, branch ``expert<i>``): γ_e multiplies expert e's input, folds into
-    its W_gate/W_up. Output side (site ``mlp_proj``, branch ``expert<i>_gate``/``_up``): u_e after that
-    expert's projection, role as in ``DualScaledLinear``.
-    """
-
-    def __init__(self, dim: int, num: int, strategy: ScaleStrategy, *, layer: int, site: str, branch: str, role: str):
-        super().__init__()
-        self.layer, self.site, self.branch, self.role = layer, site, branch, role
-        self.vectors = nn.ModuleList(strategy.make_vector(dim) for _ in range(num))
-
-    def stacked(self) -> Optional[torch.Tensor]:
-        if all(v.is_identity for v in self.vectors):
-            return None
-        return torch.stack([v() for v in self.vectors])
-
-    def scale_vectors(self) -> Iterator[tuple[ScaleInfo, ScaleVector]]:
-        for i, vec in enumerate(self.vectors):
-            yield ScaleInfo(self.layer, self.site, self.branch.format(i=i), self.role), vec
-
-    def extra_repr(self) -> str:
-        return f"site={self.site}, branch={self.branch}, role={self.role}"
-
-
-class SharedExperts(nn.Module):
-    """Always-on experts (DeepSeek-MoE style): one SwiGLU of width ``num_shared · f``, reading the
-    normalized input that the MoE's norm gives branches ``shared_gate`` and ``shared_up``."""
-
-    def __init__(self, d: int, f: int, strategy: ScaleStrategy, layer: int) -> None:
-        super().__init__()
-        pl = strategy.placement
-        common = dict(strategy=strategy, layer=layer, site="mlp_proj")
-        self.gate = DualScaledLinear(d, f, placement=pl.gate, branch="shared_gate", **common)
-        self.up = DualScaledLinear(d, f, placement=pl.up, branch="shared_up", absorbed_downstream=True, **common)
-        self.down = nn.Linear(f, d, bias=False)  # named ``down``: depth-scaled init in Transformer
-
-    def forward(self, xg: torch.Tensor, xu: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(xg)) * self.up(xu))
-
-    @torch.no_grad()
-    def fold_(self, gamma_gate: Optional[torch.Tensor], gamma_up: Optional[torch.Tensor]) -> None:
-        for gamma, proj in ((gamma_gate, self.gate), (gamma_up, self.up)):
-            if gamma is not None:
-                proj.fold_input_(gamma)
-        if self.gate.out_scale is not None and self.gate.out_role == INPUT:
-            self.gate.fold_output_()
-        if self.up.out_scale is not None:
-            if self.up.normalize:
-                fold_columns_(self.down, self.up.take_output_scale_())
-            else:
-                self.up.fold_output_()
-
-
 # -- the MoE sublayer ------------------------------------------------------------------------------------
 class MoE(nn.Module):
     """The MoE MLP sublayer of a Pre-Norm block, norm included; returns the residual-branch output.
@@ -171,10 +113,12 @@ class MoE(nn.Module):
                      └─ γ_up   ⊙ ┴─> W_down,e( silu([u ⊙] W_gate,e x) ⊙ [u ⊙] W_up,e x ) ─> Σ_k weight · ─(+)─> y
                        (shared experts: the same SwiGLU on every token) ─────────────────────────────┘
 
-    Scale sites of the MLP-input norm (``config.moe.scales``, all input role, all foldable):
-    ``shared``: one γ for router and experts; ``branch``: γ_router and γ_experts, or γ_router, γ_gate,
-    γ_up when the strategy is branch-specific; ``expert``: γ_router and one γ_e per routed expert (applied
-    to W_gate,e and W_up,e) and one for the shared experts.
+    Everything left of the expert sort is one ``NormSite`` (``self.input``). Its scales: one γ read by
+    router and every expert (the baseline, as Mixtral and Qwen3-MoE); with ``model.strategy.branch_specific``
+    one γ each for the router, gate and up (shared experts read gate's and up's); with
+    ``model.config.moe.scales: expert`` one γ for the router, one γ_e per routed expert (on W_gate,e and
+    W_up,e) and one for the shared experts. An output-side u of the experts is one vector per branch,
+    shared by all experts.
 
     After each forward: ``last_aux_losses`` (weighted, differentiable: ``moe_aux_loss``, ``moe_z_loss``)
     and ``last_load_stats`` (detached, see ``_record``).
@@ -185,50 +129,39 @@ class MoE(nn.Module):
         moe = config.moe
         if moe is None:
             raise ValueError("MoE needs model.config.moe")
+        if moe.scales == "expert" and strategy.branch_specific:
+            raise ValueError(
+                "model.config.moe.scales: 'expert' with model.strategy.branch_specific: true: per-expert scales "
+                "are shared by each expert's gate and up, so branch-specific gate/up scales cannot exist; set "
+                "moe.scales: shared (router, gate and up then each get their own γ) or branch_specific: false"
+            )
         d, f, E = config.n_embd, moe.expert_intermediate_size, moe.num_experts
         self.layer, self.num_experts, self.top_k = layer, E, moe.top_k
         self.score, self.route_norm, self.matmul_mode = moe.router, moe.route_norm, moe.expert_matmul
         self.aux_loss_coef, self.z_loss_coef = moe.aux_loss_coef, moe.z_loss_coef
         self.bias_balancing, self.bias_update_rate = moe.bias_balancing, moe.bias_update_rate
-        self.init_std, self.depth_std = config.init_std, config.init_std / math.sqrt(2 * config.n_layer)
-        self.eps = strategy.eps
-        pl = strategy.placement
-        self.gate_placement, self.up_placement = pl.gate, pl.up
-
-        branches = ["router", "gate", "up"] + (["shared_gate", "shared_up"] if moe.num_shared_experts else [])
-        placements = {"router": pl.router, "gate": pl.gate, "up": pl.up, "shared_gate": pl.gate, "shared_up": pl.up}
-        self.norm = BranchScales(
-            d, branches, strategy, layer=layer, site="mlp_input", placements=placements,
-            keys=self._scale_keys(moe.scales, strategy.branch_specific),
-        )
-        common = dict(strategy=strategy, layer=layer)
-        self.expert_scales = (
-            ExpertScales(d, E, site="mlp_input", branch="expert{i}", role=INPUT, **common)
-            if moe.scales == "expert" and (has_input_side(pl.gate) or has_input_side(pl.up))
-            else None
-        )
-        self.router = DualScaledLinear(d, E, placement=pl.router, site="mlp_proj", branch="router", **common)
-        self.expert_gate = nn.Parameter(torch.empty(E, f, d))
-        self.expert_up = nn.Parameter(torch.empty(E, f, d))
-        self.expert_down = nn.Parameter(torch.empty(E, d, f))  # named ``expert_down``: depth-scaled init
-        self.gate_out = (
-            ExpertScales(f, E, site="mlp_proj", branch="expert{i}_gate",
-                         role=OUTPUT if pl.gate == "dual_norm" else INPUT, **common)
-            if has_output_side(pl.gate) else None
-        )
-        self.up_out = (
-            ExpertScales(f, E, site="mlp_proj", branch="expert{i}_up", role=INPUT, **common)
-            if has_output_side(pl.up) else None
-        )
-        self.shared = SharedExperts(d, moe.num_shared_experts * f, strategy, layer) if moe.num_shared_experts else None
+        self.depth_std = config.init_std / math.sqrt(2 * config.n_layer)
+        fs = moe.num_shared_experts * f
+        branches = [Branch("router", E), Branch("gate", f, experts=E), Branch("up", f, experts=E, absorbed_downstream=True)]
+        if fs:
+            branches += [Branch("shared_gate", fs, follows="gate"),
+                         Branch("shared_up", fs, follows="up", absorbed_downstream=True)]
+        per_expert = moe.scales == "expert"
+        keys = ({"router": "router", "gate": None, "up": None, "shared_gate": "shared_experts",
+                 "shared_up": "shared_experts"} if per_expert else None)
+        self.input = NormSite(d, branches, strategy, layer=layer, site="mlp_input", init_std=config.init_std,
+                              scale_keys=keys, per_expert=E if per_expert else 0)
+        self.expert_down = nn.Parameter(torch.empty(E, d, f))
+        self.shared_down = nn.Linear(fs, d, bias=False) if fs else None
+        self.input.absorbed_by(up=self.expert_down, **({"shared_up": self.shared_down} if fs else {}))
         self.out_norm = OutputNorm(d, strategy, layer=layer, site="mlp_output") if strategy.sublayer_output_norm else None
         if self.bias_balancing:
             self.register_buffer("expert_bias", torch.zeros(E))
         self.pending_load: Optional[torch.Tensor] = None  # not a buffer: DDP must not broadcast it
         self.last_aux_losses: dict[str, torch.Tensor] = {}
         self.last_load_stats: dict[str, torch.Tensor] = {}
-        if self.expert_gate.device.type != "meta":
-            self.reset_parameters()
+        if self.expert_down.device.type != "meta":
+            self.init_weights()
 
     def __getstate__(self) -> dict:
         """Copies and pickles leave out the last forward's outputs (its losses hold autograd graphs,
@@ -237,22 +170,13 @@ class MoE(nn.Module):
         state["last_aux_losses"], state["last_load_stats"] = {}, {}
         return state
 
-    @staticmethod
-    def _scale_keys(scales: str, branch_specific: bool) -> dict[str, Optional[str]]:
-        if scales == "shared":
-            return dict.fromkeys(("router", "gate", "up", "shared_gate", "shared_up"), "shared")
-        if scales == "branch":
-            gate, up = ("gate", "up") if branch_specific else ("experts", "experts")
-            return {"router": "router", "gate": gate, "up": up, "shared_gate": gate, "shared_up": up}
-        return {"router": "router", "gate": None, "up": None, "shared_gate": "shared_experts", "shared_up": "shared_experts"}
-
     @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """Experts' gate/up: N(0, init_std²); down: depth-scaled. The router and shared experts are
-        ``nn.Linear`` (initialized by ``Transformer``); the balancing bias restarts at 0."""
-        nn.init.normal_(self.expert_gate, 0.0, self.init_std)
-        nn.init.normal_(self.expert_up, 0.0, self.init_std)
+    def init_weights(self) -> None:
+        """The down maps write into the residual stream: N(0, init_std²/(2 L)); the balancing bias restarts
+        at 0. Router, experts' gate/up and shared experts' gate/up belong to the site (N(0, init_std²))."""
         nn.init.normal_(self.expert_down, 0.0, self.depth_std)
+        if self.shared_down is not None:
+            nn.init.normal_(self.shared_down.weight, 0.0, self.depth_std)
         if self.bias_balancing:
             self.expert_bias.zero_()
         self.pending_load = None
@@ -260,53 +184,36 @@ class MoE(nn.Module):
     # -- forward -------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        ins = dict(zip(self.norm.branches, self.norm(x.reshape(-1, shape[-1]))))
+        outs = dict(zip((b.name for b in self.input.branches), self.input(x.reshape(-1, shape[-1]))))
         if self.training and self.bias_balancing and not _in_backward():
             self._update_bias_()
-        r = route(self.router(ins["router"]), self.top_k, self.score,
+        r = route(outs["router"], self.top_k, self.score,
                   self.expert_bias if self.bias_balancing else None, self.route_norm)
         n, k = r.experts.shape
         flat = r.experts.flatten()
-        sorted_experts, order = flat.sort(stable=True)
+        _, order = flat.sort(stable=True)
         counts = torch.bincount(flat, minlength=self.num_experts)
-        y_sorted = self._experts(ins["gate"], ins["up"], order // k, sorted_experts, counts)
+        y_sorted = self._experts(outs["gate"], outs["up"], order // k, counts)
         inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
         y_pairs = y_sorted[inverse].view(n, k, -1)  # back to (token, slot) order: a gather, no atomics
         y = torch.einsum("nkd,nk->nd", y_pairs, r.weights.to(y_pairs.dtype))
-        if self.shared is not None:
-            y = y + self.shared(ins["shared_gate"], ins["shared_up"]).to(y.dtype)
+        if self.shared_down is not None:
+            y = y + self.shared_down(F.silu(outs["shared_gate"]) * outs["shared_up"]).to(y.dtype)
         if self.out_norm is not None:
             y = self.out_norm(y)
         self._record(r, counts)
         return y.view(*shape[:-1], y.shape[-1])
 
-    def _experts(
-        self, xg: torch.Tensor, xu: torch.Tensor, token: torch.Tensor, sorted_experts: torch.Tensor,
-        counts: torch.Tensor,
-    ) -> torch.Tensor:
-        wg, wu, wd = self.expert_gate, self.expert_up, self.expert_down
-        gamma = self.expert_scales.stacked() if self.expert_scales is not None else None
-        if gamma is not None:  # one γ per expert, applied on the weights (its folded form)
-            if has_input_side(self.gate_placement):
-                wg = wg * gamma[:, None, :].to(wg.dtype)
-            if has_input_side(self.up_placement):
-                wu = wu * gamma[:, None, :].to(wu.dtype)
+    def _experts(self, xg: torch.Tensor, xu: torch.Tensor, token: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        wg, wu, wd = self.input.expert_weight("gate"), self.input.expert_weight("up"), self.expert_down
         dtype = torch.get_autocast_dtype(xg.device.type) if torch.is_autocast_enabled(xg.device.type) else wg.dtype
         wg, wu, wd = wg.to(dtype), wu.to(dtype), wd.to(dtype)
         xs_g = xg[token].to(dtype)
         xs_u = xs_g if xu is xg else xu[token].to(dtype)
         mm = lambda a, w: expert_matmul(a, w, counts, self.matmul_mode)  # noqa: E731
-        hg = self._output_side(mm(xs_g, wg), self.gate_out, self.gate_placement, sorted_experts)
-        hu = self._output_side(mm(xs_u, wu), self.up_out, self.up_placement, sorted_experts)
+        hg = self.input.expert_output("gate", mm(xs_g, wg))
+        hu = self.input.expert_output("up", mm(xs_u, wu))
         return mm(F.silu(hg) * hu, wd)
-
-    def _output_side(
-        self, h: torch.Tensor, site: Optional[ExpertScales], placement: str, sorted_experts: torch.Tensor
-    ) -> torch.Tensor:
-        if placement == "dual_norm":
-            h = rms_norm(h, self.eps)
-        u = site.stacked() if site is not None else None
-        return h if u is None else h * u.to(h.dtype)[sorted_experts]
 
     # -- balancing and statistics -----------------------------------------------------------------------
     @torch.no_grad()
@@ -360,50 +267,12 @@ class MoE(nn.Module):
                     self.pending_load = c if self.pending_load is None else self.pending_load + c
             self.last_load_stats = stats
 
-    # -- folding and counting ---------------------------------------------------------------------------
-    @torch.no_grad()
-    def fold_scales_(self) -> None:
-        """Fold every input-role scale: γ_router into W_router, γ_gate/γ_up/γ_e into each expert's
-        W_gate/W_up, un-normalized u into their own map, normalized u on up into W_down,e."""
-        gamma = self.norm.gamma("router")
-        if gamma is not None:
-            self.router.fold_input_(gamma)
-        if self.router.out_scale is not None and self.router.out_role == INPUT:
-            self.router.fold_output_()
-        for branch, w in (("gate", self.expert_gate), ("up", self.expert_up)):
-            gamma = self.norm.gamma(branch)
-            if gamma is not None:
-                w.mul_(gamma.to(w)[None, None, :])
-        if self.expert_scales is not None:
-            gamma = self.expert_scales.stacked()
-            if gamma is not None:
-                for placement, w in ((self.gate_placement, self.expert_gate), (self.up_placement, self.expert_up)):
-                    if has_input_side(placement):
-                        w.mul_(gamma.to(w)[:, None, :])
-            self.expert_scales = None
-        if self.shared is not None:
-            self.shared.fold_(self.norm.gamma("shared_gate"), self.norm.gamma("shared_up"))
-        self.norm.drop_scales_()
-        if self.gate_out is not None and self.gate_out.role == INPUT:
-            u = self.gate_out.stacked()
-            if u is not None:
-                self.expert_gate.mul_(u.to(self.expert_gate)[:, :, None])
-            self.gate_out = None
-        if self.up_out is not None:
-            u = self.up_out.stacked()
-            if u is not None:
-                if self.up_placement == "dual_norm":  # W_down,e reads u_e ⊙ N(h): fold into its columns
-                    self.expert_down.mul_(u.to(self.expert_down)[:, None, :])
-                else:
-                    self.expert_up.mul_(u.to(self.expert_up)[:, :, None])
-            self.up_out = None
-
+    # -- counting -------------------------------------------------------------------------------------------
     def inactive_parameters_per_token(self) -> int:
         """Parameters of the E − k routed experts a token does not use (weights and per-expert scales)."""
-        per_expert = [self.expert_gate, self.expert_up, self.expert_down]
-        for site in (self.expert_scales, self.gate_out, self.up_out):
-            if site is not None:
-                per_expert.extend(site.parameters())
+        per_expert = [self.input.weight("gate"), self.input.weight("up"), self.expert_down]
+        if self.input.expert_scales is not None:
+            per_expert.extend(self.input.expert_scales.parameters())
         total = sum(p.numel() for p in per_expert)
         return total // self.num_experts * (self.num_experts - self.top_k)
 

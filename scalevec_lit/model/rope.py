@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from ..scale.ops import apply_rope  # noqa: F401  (one RoPE for the model and the fused q/k path)
+
 
 def rope_tables(seq_len: int, head_dim: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, each ``[seq_len, head_dim]`` in fp32."""
@@ -14,13 +16,3 @@ def rope_tables(seq_len: int, head_dim: int, theta: float, device=None) -> tuple
     freqs = torch.outer(t, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` of shape ``[B, T, H, D]`` by position; cos/sin are ``[T, D]``."""
-    T = x.shape[1]
-    cos = cos[:T, None, :].to(x.dtype)
-    sin = sin[:T, None, :].to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return x * cos + rotated * sin

@@ -2,8 +2,10 @@
 
 Plain torch only: must not import Lightning.
 
-Initialization (``reset_parameters``), documented because results depend on it:
-- embedding and every linear map: N(0, init_std²) (0.02, as GPT-2/Llama pre-training);
+Initialization (``reset_parameters``), documented because results depend on it. Each module initializes
+its own parameters (``init_weights``); ``reset_parameters`` calls them all:
+- embedding and every consumer map of a scale site (q, k, v, gate, up, router, experts, head):
+  N(0, init_std²) (0.02, as GPT-2/Llama pre-training);
 - the maps that write into the residual stream (W_o, W_down, expert down maps): N(0, init_std²/(2 L)),
   GPT-2's depth scaling, so the residual stream's variance does not grow with depth;
 - scale vectors: their parameterization's own init (γ = 1 for every shipped one);
@@ -11,14 +13,13 @@ Initialization (``reset_parameters``), documented because results depend on it:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 from torch import nn
 
-from ..scale.sites import BranchScales
+from ..scale.sites import Branch, NormSite
 from ..scale.strategy import ScaleStrategy
 from .block import Block
 from .config import TransformerConfig
@@ -47,43 +48,49 @@ class Transformer(nn.Module):
         self.strategy = strategy = strategy or ScaleStrategy()
         self.embed = nn.Embedding(config.vocab_size, config.n_embd)
         self.blocks = nn.ModuleList(block(config, i, strategy) for i in range(config.n_layer))
-        self.norm = BranchScales(
-            config.n_embd, ("head",), strategy, layer=-1, site="final", enabled=strategy.final_norm
+        #: the final norm and the LM head: one site whose consumer is the head
+        self.final = NormSite(
+            config.n_embd, (Branch("head", config.vocab_size),), strategy, layer=-1, site="final",
+            proj_site="final", init_std=config.init_std, enabled=strategy.final_norm,
         )
-        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
-            self.head.weight = self.embed.weight
+            self.tie_()
         cos, sin = rope_tables(config.seq_len, config.head_dim, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         if self.embed.weight.device.type != "meta":
             self.reset_parameters()
 
-    def residual_out_projections(self) -> list[nn.Linear]:
-        """Maps that write into the residual stream (depth-scaled init)."""
-        out = []
-        for module in self.modules():
-            for name in ("o", "down"):
-                child = getattr(module, name, None)
-                if isinstance(child, nn.Linear):
-                    out.append(child)
-            if hasattr(module, "expert_down"):
-                out.append(module.expert_down)
-        return out
+    #: the LM head's weight in the state dict
+    HEAD_KEY = "final.proj.head.weight"
+
+    def tie_(self) -> None:
+        """Make the LM head share the embedding's tensor."""
+        self.final.proj["head"].weight = self.embed.weight
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The LM head's weight (the embedding's tensor when tied)."""
+        return self.final.weight("head")
+
+    @property
+    def tied(self) -> bool:
+        """True while the head shares the embedding's tensor (folding unties it)."""
+        return self.final.weight("head") is self.embed.weight
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        nn.init.normal_(self.embed.weight, 0.0, self.config.init_std)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """(Re-)initialize every parameter and buffer; also what runs after meta-device construction."""
-        std = self.config.init_std
+        """(Re-)initialize every parameter and buffer; also what runs after meta-device construction.
+        Every module that owns parameters initializes them itself (``init_weights``)."""
         for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, 0.0, std)
-            elif module is not self and hasattr(module, "reset_parameters"):
-                module.reset_parameters()
-        depth_std = std / math.sqrt(2 * self.config.n_layer)
-        for lin in self.residual_out_projections():
-            weight = lin.weight if isinstance(lin, nn.Linear) else lin
-            nn.init.normal_(weight, 0.0, depth_std)
+            if hasattr(module, "init_weights"):
+                module.init_weights()
+        if self.tied:  # the head's init above overwrote the shared tensor: the embedding's init wins
+            nn.init.normal_(self.embed.weight, 0.0, self.config.init_std)
         cos, sin = rope_tables(self.config.seq_len, self.config.head_dim, self.config.rope_theta, self.rope_cos.device)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
@@ -97,8 +104,8 @@ class Transformer(nn.Module):
         x = self.embed(idx)
         for block in self.blocks:
             x = block(x, self.rope_cos, self.rope_sin)
-        (x,) = self.norm(x)
-        return self.head(x)
+        (logits,) = self.final(x)
+        return logits
 
     def aux_losses(self) -> dict[str, torch.Tensor]:
         """Auxiliary losses collected during the last forward (MoE balancing); empty for dense models."""

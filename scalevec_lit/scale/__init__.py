@@ -3,8 +3,9 @@
 Plain torch: nothing here imports Lightning or the model.
 """
 from .fold import fold_scales, fold_scales_
-from .registry import ScaleParam, scale_parameters, scale_vectors
-from .sites import INPUT, OUTPUT, BranchScales, DualScaledLinear, OutputNorm, ScaleInfo, ScaleSite, rms_norm
+from .ops import apply_rope, group_norm_rope, rms_norm, scaled_linear
+from .registry import ScaleParam, scale_parameters, scale_sites
+from .sites import INPUT, OUTPUT, Branch, Consumer, NormSite, OutputNorm, ScaleInfo, ScaleSite
 from .strategy import BRANCHES, PLACEMENTS, Placement, ScaleStrategy
 from .vector import (
     ExpMagnitudeDirectionScale,
@@ -16,8 +17,8 @@ from .vector import (
 )
 
 __all__ = [
-    "BRANCHES", "BranchScales", "DualScaledLinear", "ExpMagnitudeDirectionScale", "INPUT",
-    "MagnitudeDirectionScale", "NoScale", "OUTPUT", "OutputNorm", "PLACEMENTS", "Placement", "PlainScale",
-    "ScaleInfo", "ScaleParam", "ScaleSite", "ScaleStrategy", "ScaleVector", "UnitOffsetScale", "fold_scales",
-    "fold_scales_", "rms_norm", "scale_parameters", "scale_vectors",
+    "BRANCHES", "Branch", "Consumer", "ExpMagnitudeDirectionScale", "INPUT", "MagnitudeDirectionScale",
+    "NoScale", "NormSite", "OUTPUT", "OutputNorm", "PLACEMENTS", "Placement", "PlainScale", "ScaleInfo",
+    "ScaleParam", "ScaleSite", "ScaleStrategy", "ScaleVector", "UnitOffsetScale", "apply_rope", "fold_scales",
+    "fold_scales_", "group_norm_rope", "rms_norm", "scale_parameters", "scale_sites", "scaled_linear",
 ]

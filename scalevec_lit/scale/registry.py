@@ -1,18 +1,19 @@
-"""The scale registry: every scale parameter of a model with its (layer, site, branch, role, part).
+"""The scale registry: every scale parameter of a model with its (layer, site, branch, role, part) and the
+weights that consume it.
 
 ``scale_parameters(model)`` is the one public surface that optimizer groups, role decay, the monitor,
-folding and export read; nothing else decides roles and nothing matches parameter names.
+folding and export read; nothing else decides roles or consumers, and nothing matches parameter names.
 
 Plain torch only: must not import Lightning.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Optional
 
 from torch import nn
 
-from .sites import ScaleInfo, ScaleSite
+from .sites import Consumer, ScaleInfo, ScaleSite
 from .vector import ScaleVector
 
 
@@ -22,27 +23,30 @@ class ScaleParam:
     name: str  # the parameter's qualified name in the model (for checkpoints and logs only)
     param: nn.Parameter
     vector: ScaleVector  # the parameterization that owns it (call it for the effective γ)
-    site: ScaleSite  # the module that owns the vector
+    site: ScaleSite  # the site that owns the vector
+    #: the weights that read the vector (``W diag γ`` columns or ``diag u W`` rows); ``None`` when no linear
+    #: map absorbs it directly (output role, a normalized u, per-expert scales)
+    consumers: Optional[tuple[Consumer, ...]] = None
+
+
+def scale_sites(model: nn.Module) -> Iterator[ScaleSite]:
+    """Every scale site of ``model``, in module order."""
+    for module in model.modules():
+        if isinstance(module, ScaleSite):
+            yield module
 
 
 def scale_parameters(model: nn.Module) -> Iterator[ScaleParam]:
     """Yield every scale parameter of ``model``, in module order, once each."""
     names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
     seen: set[int] = set()
-    for module in model.modules():
-        if not isinstance(module, ScaleSite):
-            continue
-        for info, vector in module.scale_vectors():
+    for site in scale_sites(model):
+        for info, vector in site.scale_vectors():
+            consumers = site.consumers(vector)
             for part, param in vector.parts().items():
                 if id(param) in seen:
                     continue
                 seen.add(id(param))
                 full = ScaleInfo(info.layer, info.site, info.branch, info.role, part)
-                yield ScaleParam(full, names.get(id(param), ""), param, vector, module)
-
-
-def scale_vectors(model: nn.Module) -> Iterator[tuple[ScaleInfo, ScaleVector]]:
-    """Yield every scale vector (one entry per parameterization, not per part)."""
-    for module in model.modules():
-        if isinstance(module, ScaleSite):
-            yield from module.scale_vectors()
+                yield ScaleParam(full, names.get(id(param), ""), param, vector, site,
+                                 tuple(consumers) if consumers is not None else None)

@@ -59,6 +59,15 @@ def has_output_side(placement: str) -> bool:
     return placement in ("output", "dual", "dual_norm")
 
 
+#: the placement whose output side normalizes (DNP); named for messages outside ``scale/``
+NORMALIZED_PLACEMENT = "dual_norm"
+
+
+def normalizes(placement: str) -> bool:
+    """The placement normalizes the projection's output (per head for q/k/v) before its output scale."""
+    return placement == NORMALIZED_PLACEMENT
+
+
 @dataclass
 class ScaleStrategy:
     """Every scale-vector choice of a model, in one place.

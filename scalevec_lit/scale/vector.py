@@ -16,8 +16,9 @@ from torch import nn
 class ScaleVector(nn.Module):
     """Base class. Subclasses set their parameters in ``__init__(dim, ...)`` and implement ``forward``.
 
-    ``fixed_value()`` returns γ for parameterizations without parameters (``NoScale``) so that callers
-    can skip the multiply entirely; it is ``None`` for learnable ones.
+    ``is_identity`` is True for parameterizations that are γ ≡ 1 without parameters (``NoScale``), so that
+    callers skip the multiply entirely. ``conserved`` names the quantity that gradient flow conserves
+    between the vector and the weights that read it (the monitor logs its drift).
     """
 
     def __init__(self, dim: int) -> None:
@@ -35,6 +36,15 @@ class ScaleVector(nn.Module):
     def is_identity(self) -> bool:
         """True when γ ≡ 1 with no parameter: the caller may skip the multiply."""
         return False
+
+    def conserved(self, col_sq: torch.Tensor, gamma: torch.Tensor, parts: dict[str, torch.Tensor]):
+        """What plain gradient flow (no decay) conserves, given ``col_sq[j] = Σ_consumers ‖w_j‖²`` (float64),
+        the full γ and the full parts; ``None`` when the parameterization conserves nothing useful.
+
+        The law comes from a symmetry: the loss sees the consumers only through ``W diag γ``, so any change
+        of the parameters that rescales γ_j while ``w_j`` rescales inversely leaves it unchanged.
+        """
+        return None
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
@@ -65,6 +75,10 @@ class PlainScale(ScaleVector):
     def reset_parameters(self) -> None:
         nn.init.constant_(self.scale, self.init)
 
+    def conserved(self, col_sq, gamma, parts):
+        """``c_j = ‖w_j‖² − γ_j²`` per channel (γ_j → c γ_j, w_j → w_j / c)."""
+        return col_sq - gamma.square()
+
 
 class UnitOffsetScale(ScaleVector):
     """Gemma's form: γ = 1 + w, w initialised to 0 (weight decay then pulls γ toward 1, not 0)."""
@@ -78,6 +92,10 @@ class UnitOffsetScale(ScaleVector):
 
     def reset_parameters(self) -> None:
         nn.init.zeros_(self.scale)
+
+    def conserved(self, col_sq, gamma, parts):
+        """``‖w_j‖² − γ_j²`` as for a plain γ: the offset moves γ exactly as its parameter moves."""
+        return col_sq - gamma.square()
 
 
 def _unit_rms(alpha: torch.Tensor, eps: float) -> torch.Tensor:
@@ -105,6 +123,11 @@ class MagnitudeDirectionScale(ScaleVector):
         nn.init.constant_(self.magnitude, self.magnitude_init)
         nn.init.ones_(self.direction)
 
+    def conserved(self, col_sq, gamma, parts):
+        """One number: ``Σ_j ‖w_j‖² − β²`` (β → c β, every consumer column → w / c); the direction has
+        its own (‖α‖², scale-invariant), which says nothing about the consumers and is not logged."""
+        return (col_sq.sum() - parts["magnitude"].square().sum()).reshape(1)
+
 
 class ExpMagnitudeDirectionScale(ScaleVector):
     """ER (our form): γ = exp(b) · α / RMS(α), scalar b (init 0), vector α (init 1)."""
@@ -117,6 +140,10 @@ class ExpMagnitudeDirectionScale(ScaleVector):
 
     def forward(self) -> torch.Tensor:
         return self.magnitude.exp() * _unit_rms(self.direction, self.eps)
+
+    def conserved(self, col_sq, gamma, parts):
+        """One number: ``Σ_j ‖w_j‖² − 2 b`` (b → b + ln c, every consumer column → w / c)."""
+        return (col_sq.sum() - 2.0 * parts["magnitude"].sum()).reshape(1)
 
     def reset_parameters(self) -> None:
         nn.init.zeros_(self.magnitude)
