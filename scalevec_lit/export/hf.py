@@ -11,22 +11,13 @@ from typing import Any, Optional
 
 import torch
 
-from ..model.mlp import SwiGLU
 from ..model.transformer import Transformer
 from ..scale.fold import fold_scales
 from .errors import HFExportError
+from .hf_names import ARCHITECTURES, Ref, hf_names, native_tensor, site_of
 from .hf_plan import head_norm_weight, plan_hf
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-#: architecture -> (model_type, MLP prefix of an MoE layer, expert weight names gate/up/down)
-ARCHITECTURES = {
-    "LlamaForCausalLM": ("llama", None, None),
-    "Qwen3ForCausalLM": ("qwen3", None, None),
-    "Qwen3MoeForCausalLM": ("qwen3_moe", "mlp", ("gate_proj", "up_proj", "down_proj")),
-    "MixtralForCausalLM": ("mixtral", "block_sparse_moe", ("w1", "w3", "w2")),
-    "Glm4MoeForCausalLM": ("glm4_moe", "mlp", ("gate_proj", "up_proj", "down_proj")),
-}
 
 
 @dataclass
@@ -42,48 +33,34 @@ def _own(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.clone() if t.untyped_storage().nbytes() != t.numel() * t.element_size() else t.contiguous()
 
 
+def _export_tensor(model: Transformer, ref: Ref) -> torch.Tensor:
+    """What export writes for one row of the name table: our folded norms are bare RMS (HF norm weight of
+    ones); a QK-norm weight is the per-head u; Glm4-MoE always has a selection bias and a shared MLP
+    (zeros / zero width when we have none)."""
+    d = model.config.n_embd
+    if ref.kind == "norm":
+        return torch.ones(d)
+    if ref.kind == "head_norm":
+        return head_norm_weight(site_of(model, ref), ref.branch, model.config.head_dim)[0]
+    t = native_tensor(model, ref)
+    if t is None and ref.kind == "expert_bias":
+        return torch.zeros(model.blocks[ref.layer].mlp.num_experts)
+    if t is None:
+        return torch.zeros(d, 0) if ref.kind == "shared_down" else torch.zeros(0, d)
+    return t
+
+
 def hf_layout(model: Transformer, eos_id: Optional[int] = None, dtype: torch.dtype = torch.float32) -> HFLayout:
     """Fold ``model`` (a copy) and map it to the weight names and config of a transformers architecture."""
     folded = fold_scales(model).eval()
     arch, problems = plan_hf(folded)
     if arch is None:
         raise HFExportError("cannot export to a standard transformers architecture:\n  - " + "\n  - ".join(problems))
-    model_type, moe_prefix, expert_names = ARCHITECTURES[arch]
+    model_type = ARCHITECTURES[arch][0]
     c, s, d = folded.config, folded.strategy, folded.config.n_embd
     qk_norm = folded.blocks[0].attn.input.normalizes("q")
-    ones = lambda: torch.ones(d)  # noqa: E731  (our folded norms are bare RMS: HF norm weight of ones)
-    t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": folded.embed.weight}
-    for i, block in enumerate(folded.blocks):
-        a, m, p = block.attn, block.mlp, f"model.layers.{i}."
-        t[p + "input_layernorm.weight"] = ones()
-        for name in ("q", "k", "v"):
-            t[p + f"self_attn.{name}_proj.weight"] = a.input.weight(name)
-        t[p + "self_attn.o_proj.weight"] = a.o.weight
-        if qk_norm:
-            t[p + "self_attn.q_norm.weight"] = head_norm_weight(a.input, "q", a.head_dim)[0]
-            t[p + "self_attn.k_norm.weight"] = head_norm_weight(a.input, "k", a.head_dim)[0]
-        t[p + "post_attention_layernorm.weight"] = ones()
-        if type(m) is SwiGLU:
-            t[p + "mlp.gate_proj.weight"] = m.input.weight("gate")
-            t[p + "mlp.up_proj.weight"] = m.input.weight("up")
-            t[p + "mlp.down_proj.weight"] = m.down.weight
-        else:  # MoE, in the per-expert layout of the hub checkpoints (transformers 5 fuses it on load)
-            t[p + f"{moe_prefix}.gate.weight"] = m.input.weight("router")
-            if arch == "Glm4MoeForCausalLM":
-                bias = getattr(m, "expert_bias", None)
-                t[p + "mlp.gate.e_score_correction_bias"] = torch.zeros(m.num_experts) if bias is None else bias
-                sh = m.shared_down is not None  # Glm4-MoE always has a shared MLP: zero width when we have none
-                empty = torch.zeros(0, d)
-                t[p + "mlp.shared_experts.gate_proj.weight"] = m.input.weight("shared_gate") if sh else empty
-                t[p + "mlp.shared_experts.up_proj.weight"] = m.input.weight("shared_up") if sh else empty
-                t[p + "mlp.shared_experts.down_proj.weight"] = m.shared_down.weight if sh else empty.T
-            for e in range(m.num_experts):
-                for name, w in zip(expert_names, (m.input.weight("gate"), m.input.weight("up"), m.expert_down)):
-                    t[p + f"{moe_prefix}.experts.{e}.{name}.weight"] = w[e]
-    t["model.norm.weight"] = ones()
+    t = {name: _export_tensor(folded, ref) for name, ref in hf_names(folded, arch, qk_norm)}  # the shared table
     tied = folded.tied
-    if not tied:
-        t["lm_head.weight"] = folded.head_weight
     config: dict[str, Any] = {
         "architectures": [arch],
         "model_type": model_type,
