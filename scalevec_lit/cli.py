@@ -1,4 +1,4 @@
-"""The command line: ``python -m scalevec_lit {fit,validate,test,prepare,export,study} ...``.
+"""The command line: ``python -m scalevec_lit {fit,validate,test,prepare,export,study,import,convert} ...``.
 
 ``fit``/``validate``/``test`` are LightningCLI subcommands over ``CausalLM`` and ``TokenDataModule``
 (YAML recipes, ``--print_config``); the data module's vocabulary and the model's sequence length are
@@ -31,6 +31,8 @@ EXTRA_COMMANDS = {
     "prepare": "scalevec_lit.data.prepare",
     "export": "scalevec_lit.export",
     "study": "scalevec_lit.study",
+    "import": "scalevec_lit.hub.hf_import",  # a transformers checkpoint -> native (scalevec_lit/hub/)
+    "convert": "scalevec_lit.hub.convert",  # a native checkpoint -> another scale strategy
 }
 
 

@@ -60,6 +60,9 @@ class CausalLM(L.LightningModule):
         compile: ``torch.compile`` each block (also without FSDP).
         peak_tflops: the accelerator's peak (bf16) TFLOP/s per device for ``train/mfu``; on CUDA the
             datasheet value is looked up from the device name when not given (H100/H200 989, A100 312).
+        init_from: start from this checkpoint's weights only (a native folder from ``import``/``convert``,
+            a ``.ckpt`` or a distributed checkpoint folder): fresh optimizer and schedule; the recipe must
+            build the same model (checked at construction, ``init_from.py``); its vocabulary is the checkpoint's.
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class CausalLM(L.LightningModule):
         parallel: Optional[ParallelOptions] = None,
         compile: bool = False,
         peak_tflops: Optional[float] = None,
+        init_from: Optional[str] = None,
     ) -> None:
         super().__init__()
         # replace() re-runs __post_init__, so the unresolved default gets its derived fields here
@@ -88,6 +92,11 @@ class CausalLM(L.LightningModule):
         self.parallel = parallel or ParallelOptions()
         self.compile = compile
         self.peak_tflops = peak_tflops
+        self.init_from, self._init_state = init_from, None
+        if init_from is not None:  # check the recipe against the checkpoint before anything else is built
+            from .init_from import read_init
+
+            self.config, self._init_state = read_init(str(init_from), self.config, self.strategy, self.block)
         self._flops_per_token: Optional[float] = None
         self.model: Optional[Transformer] = None
         self.val_loss = MeanMetric()
@@ -106,11 +115,16 @@ class CausalLM(L.LightningModule):
         if self.model is not None:
             return
         mesh = getattr(self, "_device_mesh", None)
-        if mesh is not None and self.parallel.meta_init:
+        if mesh is not None and self.parallel.meta_init and self._init_state is None:
             with torch.device("meta"):
                 self.model = self.build_model()
         else:
             self.model = self.build_model()
+        if self._init_state is not None:  # weights only: loaded before sharding (FSDP2 shards what is there)
+            from .init_from import load_init_weights
+
+            load_init_weights(self.model, self._init_state, str(self.init_from))
+            self._init_state = None
         if mesh is not None or self.compile or self.parallel.activation_checkpointing:
             parallelize(self.model, mesh, self.parallel, compile=self.compile)
         if self.model.embed.weight.is_meta:  # materialize and initialize the local shards ourselves

@@ -162,8 +162,8 @@ def _transfer_site(s: NormSite, t: NormSite, name: str, out: Transfer) -> dict[s
         if not norm_s:
             rows[b] = u_src
             if vec is not None and has_output_side(t.placement[b]) and not norm_t:
-                want, exact = _shape_for(vec, u_src) if u_src is not None else (None, True)
-                if exact and _set_or_ones(vec, want, f"{name}.{b}.out_scale", out):
+                want, exact = _shape_for(vec, u_src) if u_src is not None else (None, False)
+                if _set_or_ones(vec, want if exact else None, f"{name}.{b}.out_scale", out) and exact:
                     rows[b] = None
             elif vec is not None:
                 _set_or_ones(vec, None, f"{name}.{b}.out_scale", out)

@@ -1,0 +1,174 @@
+"""``python -m scalevec_lit convert --ckpt A --strategy recipes/strategy/Y.yaml --out B``: rewrite a checkpoint
+into another scale strategy, exactly where the math allows (``scale/convert.py``), and write it natively.
+
+Lives here: reading a strategy file (``read_strategy``), ``convert_model`` (build the target model, transfer,
+refuse a function change unless allowed, measure how far the logits moved on a sample batch),
+``write_native`` (the native folder + ``model.yaml``, the recipe fragment ``fit`` needs with
+``--model.init_from``), ``convert_checkpoint`` and ``main``. ``import`` (``hf_import.py``) uses the same.
+
+Plain torch (+ yaml): must not import Lightning or transformers.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import yaml
+
+from ..errors import UserError
+from ..export.checkpoint import model_from_state, read_checkpoint_extra
+from ..export.tokenizer import find_tokenizer
+from ..export.write import save_native
+from ..model.block import Block
+from ..model.spec import build_from_spec, describe_callable, model_spec, strategy_from_dict
+from ..model.transformer import Transformer
+from ..scale.convert import Transfer, transfer_
+from ..scale.strategy import ScaleStrategy
+
+RECIPE = "model.yaml"
+SAMPLE = (2, 64)  # the sample batch whose logits a conversion compares: 2 sequences of up to 64 random tokens
+
+
+def read_strategy(path: str | Path, eps: float) -> ScaleStrategy:
+    """``model.strategy`` of a preset or recipe file; ``eps`` (the source's) unless the file sets it."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError("--strategy", str(path), "no such file", "give a preset such as recipes/strategy/hg.yaml")
+    data = yaml.safe_load(p.read_text()) or {}
+    strat = (data.get("model") or {}).get("strategy") if isinstance(data, dict) else None
+    if not isinstance(strat, dict):
+        raise UserError("--strategy", str(path), "has no model.strategy section",
+                        "give a strategy preset (recipes/strategy/*.yaml) or a recipe that sets model.strategy")
+    strat = {"eps": eps, **strat}
+    try:
+        return strategy_from_dict(strat)
+    except (TypeError, ValueError, ImportError, AttributeError) as err:
+        raise UserError("--strategy", str(path), f"its model.strategy is not valid ({err})",
+                        "fix the file; the presets in recipes/strategy/ show every key") from None
+
+
+def spec_of(model: Transformer) -> dict[str, Any]:
+    return model_spec(model.config, model.strategy, type(model.blocks[0]))
+
+
+@torch.no_grad()
+def logits_change(a: Transformer, b: Transformer, seed: int = 0) -> float:
+    """max |Δ logits| / max |logits| of ``a`` and ``b`` on a sample batch of random tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, a.config.vocab_size, (SAMPLE[0], min(SAMPLE[1], a.config.seq_len)), generator=gen)
+    la, lb = a.eval()(idx).double(), b.eval()(idx).double()
+    return float((la - lb).abs().max() / la.abs().max().clamp_min(1e-300))
+
+
+def convert_model(model: Transformer, strategy: ScaleStrategy, *, allow_function_change: bool = False,
+                  key: str = "--strategy", value: str = "") -> tuple[Transformer, Transfer, float]:
+    """``(converted model, what changed / was folded, relative logits change on a sample batch)``.
+
+    Runs in ``model``'s dtype (float64 for an exactness check). A conversion that changes the function is
+    refused (``UserError`` listing the sites) unless ``allow_function_change``.
+    """
+    spec = model_spec(model.config, strategy, type(model.blocks[0]))
+    with torch.device("meta"):
+        target = build_from_spec(spec)
+    target.to_empty(device="cpu")
+    target.to(next(model.parameters()).dtype)
+    for p in target.parameters():  # every value must come from the transfer: a NaN left over is a bug
+        p.data.fill_(float("nan"))
+    if target.config.tie_embeddings:
+        target.tie_()
+    target.rope_cos.copy_(model.rope_cos)
+    target.rope_sin.copy_(model.rope_sin)
+    source = copy.deepcopy(model).eval()
+    report = transfer_(source, target)
+    left = [n for n, p in target.named_parameters() if torch.isnan(p).any()]
+    if left:
+        raise RuntimeError(f"the conversion left parameters unset: {left[:5]}")
+    if report.changes and not allow_function_change:
+        raise UserError(key, value, "this strategy changes what the model computes: " + "; ".join(_summary(report.changes)),
+                        "choose a strategy the conversion keeps exactly (baseline, unit_offset, hg, dp, or, er, "
+                        "no_scale, unified_no_dnp; qk_norm, dnp or unified with output_shape: head for a QK-norm "
+                        "model), or pass --allow-function-change and continue training to recover")
+    if model.config.tie_embeddings and not target.tied:
+        target.config = dataclasses.replace(target.config, tie_embeddings=False)
+    return target.eval(), report, logits_change(source, target)
+
+
+def _summary(lines: list[str], limit: int = 6) -> list[str]:
+    """Lines that differ only in the layer, said once with the count."""
+    import re
+
+    grouped: dict[str, int] = {}
+    for line in lines:
+        grouped[re.sub(r"blocks\.\d+\.", "blocks.*.", line)] = grouped.get(re.sub(r"blocks\.\d+\.", "blocks.*.", line), 0) + 1
+    out = [f"{k} (×{n})" if n > 1 else k for k, n in grouped.items()]
+    return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
+
+
+def write_native(model: Transformer, out: str | Path, *, tokenizer: Path, tokenizer_note: str,
+                 overwrite: bool = False) -> list[str]:
+    """The native folder (``export --format native``'s layout) and ``model.yaml``: the model section of a
+    recipe that builds this model (``--config <out>/model.yaml --model.init_from <out>``)."""
+    spec = spec_of(model)
+    result = save_native(model.float(), out, spec=spec, tokenizer=tokenizer, tokenizer_note=tokenizer_note,
+                         overwrite=overwrite)
+    config = {k: v for k, v in spec["config"].items() if k != "seq_len"}  # the recipe's seq_len is used
+    section: dict[str, Any] = {"config": config, "strategy": spec["strategy"]}
+    if spec["block"] != describe_callable(Block):
+        section["block"] = spec["block"]["class_path"]
+    text = ("# The model of this folder, for fit: --config <recipe> --config <this file> --model.init_from <this folder>\n"
+            f"# (written by scalevec_lit; the model was built for up to {spec['config']['seq_len']} positions)\n")
+    (result.out / RECIPE).write_text(text + yaml.safe_dump({"model": section}, sort_keys=False))
+    return result.files + [RECIPE]
+
+
+@dataclass
+class Converted:
+    out: Path
+    files: list[str]
+    report: Transfer
+    logits_change: float
+    tokenizer_note: str
+
+
+def convert_checkpoint(ckpt: str | Path, strategy: str | Path, out: str | Path, *, allow_function_change: bool = False,
+                       tokenizer: Optional[str | Path] = None, overwrite: bool = False) -> Converted:
+    spec, state, extra = read_checkpoint_extra(ckpt)
+    model = model_from_state(spec, state)
+    tok, note = find_tokenizer(ckpt, tokenizer, recorded=extra.get("tokenizer"))
+    target, report, moved = convert_model(model, read_strategy(strategy, model.strategy.eps),
+                                          allow_function_change=allow_function_change, value=str(strategy))
+    files = write_native(target, out, tokenizer=tok, tokenizer_note=note, overwrite=overwrite)
+    return Converted(Path(out), files, report, moved, note)
+
+
+def report_lines(report: Transfer, moved: float, what: str) -> list[str]:
+    lines = [f"{what}: logits moved by {moved:.3g} relative (max |Δ| / max |logits|) on a sample batch of "
+             f"{SAMPLE[0]}×{SAMPLE[1]} random tokens"]
+    if report.changes:
+        lines.append("function changed (--allow-function-change): " + "; ".join(_summary(report.changes)))
+    if report.notes:
+        lines.append("kept exact by: " + "; ".join(_summary(report.notes, 4)))
+    return lines
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m scalevec_lit convert",
+                                     description="Rewrite a checkpoint into another scale strategy (exact where possible).")
+    parser.add_argument("--ckpt", required=True, help="native folder (import/convert/export --format native), .ckpt or DCP folder")
+    parser.add_argument("--strategy", required=True, help="a strategy preset, e.g. recipes/strategy/hg.yaml")
+    parser.add_argument("--out", required=True, help="output folder (native format + model.yaml)")
+    parser.add_argument("--allow-function-change", action="store_true",
+                        help="convert even where the function changes (adding or removing a normalization)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer.json to ship (default: the checkpoint's)")
+    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    args = parser.parse_args(argv)
+    done = convert_checkpoint(args.ckpt, args.strategy, args.out, allow_function_change=args.allow_function_change,
+                              tokenizer=args.tokenizer, overwrite=args.overwrite)
+    for line in report_lines(done.report, done.logits_change, f"converted {args.ckpt} to {args.strategy}"):
+        print(line)
+    print(f"wrote {done.out}: {', '.join(done.files)}")

@@ -1,0 +1,226 @@
+"""``python -m scalevec_lit import --hf DIR --out PATH [--strategy recipes/strategy/X.yaml]``: a local
+transformers checkpoint (``config.json`` + ``model.safetensors`` or shards with
+``model.safetensors.index.json``; nothing is downloaded) of ``LlamaForCausalLM``, ``Qwen3ForCausalLM``,
+``Qwen3MoeForCausalLM`` or ``MixtralForCausalLM`` becomes a native checkpoint with its spec, the
+tokenizer beside it and ``model.yaml`` (see ``convert.write_native``).
+
+Lives here: ``config_from_hf`` (config.json → ``TransformerConfig`` and the strategy that holds the
+checkpoint as it is: one plain γ per norm, QK-norm as DNP on q/k with a per-head u for Qwen3; every option
+we cannot hold is refused with its key), ``read_hf_tensors``, ``load_hf`` (the native model, filled
+through the name table that export also uses, ``export/hf_names.py``), ``import_hf`` and ``main``. With
+``--strategy`` the model is converted as ``convert`` does.
+
+Plain torch (+ safetensors): must not import Lightning or transformers.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ..errors import UserError
+from ..export.hf_names import hf_names, native_tensor, site_of
+from ..model.block import Block
+from ..model.config import MoEConfig, TransformerConfig
+from ..model.rope import rope_tables
+from ..model.spec import build_from_spec, describe_callable
+from ..model.transformer import Transformer
+from ..scale.convert import set_scale_
+from .convert import convert_model, read_strategy, report_lines, write_native
+
+IMPORTABLE = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints store
+
+
+def _refuse(where: str, key: str, value: Any, problem: str, fix: str) -> UserError:
+    return UserError(f"{where}: {key}", repr(value), problem, fix)
+
+
+def config_from_hf(cfg: dict[str, Any], where: str = "config.json") -> tuple[str, TransformerConfig, dict[str, Any]]:
+    """``(architecture, TransformerConfig, strategy as spec data)`` of a transformers ``config.json``."""
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if len(archs) == 1 else None
+    if arch not in IMPORTABLE:
+        raise _refuse(where, "architectures", archs, "is not an architecture import reads",
+                      f"import a checkpoint of {', '.join(IMPORTABLE)}")
+    unsupported = "has no equivalent in scalevec_lit's model"
+    checks = [("hidden_act", cfg.get("hidden_act", "silu"), "silu", "SwiGLU with SiLU is the only MLP"),
+              ("attention_bias", bool(cfg.get("attention_bias", False)), False, "q/k/v/o have no bias"),
+              ("mlp_bias", bool(cfg.get("mlp_bias", False)), False, "the MLP maps have no bias"),
+              ("use_sliding_window", bool(cfg.get("use_sliding_window", False)), False, "attention is full"),
+              ("attention_dropout", float(cfg.get("attention_dropout", 0.0) or 0.0), 0.0, "there is no dropout")]
+    if arch == "MixtralForCausalLM":
+        checks.append(("sliding_window", cfg.get("sliding_window"), None, "attention is full"))
+    for key, value, want, why in checks:
+        if value != want:
+            raise _refuse(where, key, value, f"{unsupported} ({why})", f"only {want!r} can be imported")
+    if any(t != "full_attention" for t in cfg.get("layer_types") or []):
+        raise _refuse(where, "layer_types", sorted(set(cfg["layer_types"])), f"{unsupported} (attention is full)",
+                      "only full_attention layers can be imported")
+    rope = dict(cfg.get("rope_parameters") or {})
+    scaling = cfg.get("rope_scaling") or {}
+    for key, params in (("rope_scaling", scaling), ("rope_parameters", rope)):
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind != "default":
+            raise _refuse(where, f"{key}.rope_type", kind, f"{unsupported} (RoPE is unscaled)",
+                          "only rope_type 'default' can be imported")
+        if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise _refuse(where, f"{key}.partial_rotary_factor", params["partial_rotary_factor"],
+                          f"{unsupported} (RoPE covers the whole head)", "only 1.0 can be imported")
+    theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    n_embd, n_head = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    moe = None
+    layers = int(cfg["num_hidden_layers"])
+    intermediate = int(cfg.get("intermediate_size") or 0) or None
+    if arch == "Qwen3MoeForCausalLM":
+        dense = list(cfg.get("mlp_only_layers") or [])
+        if int(cfg.get("decoder_sparse_step", 1)) != 1:
+            raise _refuse(where, "decoder_sparse_step", cfg["decoder_sparse_step"], f"{unsupported} (MoE layers are "
+                          "every layer after the first dense ones)", "only 1 can be imported")
+        if dense != list(range(len(dense))):
+            raise _refuse(where, "mlp_only_layers", dense, f"{unsupported} (dense layers come first: "
+                          "model.config.moe.first_dense_layers)", "only the first k layers may be dense")
+        moe = MoEConfig(num_experts=int(cfg.get("num_experts") or cfg["num_local_experts"]),
+                        top_k=int(cfg["num_experts_per_tok"]), expert_intermediate_size=int(cfg["moe_intermediate_size"]),
+                        route_norm=bool(cfg.get("norm_topk_prob", False)), first_dense_layers=len(dense),
+                        aux_loss_coef=float(cfg.get("router_aux_loss_coef", 0.001)), z_loss_coef=0.0)
+    elif arch == "MixtralForCausalLM":
+        moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), top_k=int(cfg["num_experts_per_tok"]),
+                        expert_intermediate_size=int(cfg["intermediate_size"]), route_norm=True,
+                        aux_loss_coef=float(cfg.get("router_aux_loss_coef", 0.001)), z_loss_coef=0.0)
+    config = TransformerConfig(
+        vocab_size=int(cfg["vocab_size"]), seq_len=int(cfg.get("max_position_embeddings", 2048)), n_layer=layers,
+        n_embd=n_embd, n_head=n_head, n_kv_head=int(cfg.get("num_key_value_heads") or n_head),
+        head_dim=int(cfg.get("head_dim") or n_embd // n_head), intermediate_size=intermediate, rope_theta=theta,
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), init_std=float(cfg.get("initializer_range", 0.02)),
+        moe=moe)
+    qk = "dual_norm" if arch.startswith("Qwen3") else "input"
+    strategy = {"vector": {"class_path": "scalevec_lit.scale.PlainScale", "init_args": {}}, "branch_specific": False,
+                "placement": {"q": qk, "k": qk, "v": "input", "gate": "input", "up": "input", "router": "input"},
+                "output_shape": "head" if qk == "dual_norm" else "channel", "sublayer_output_norm": False, "final_norm": True,
+                "eps": float(cfg.get("rms_norm_eps", 1e-6))}
+    return arch, config, strategy
+
+
+def read_hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of ``model.safetensors`` or of the shards ``model.safetensors.index.json`` lists."""
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise UserError("--hf", str(folder), "has neither model.safetensors nor model.safetensors.index.json",
+                        "give a folder saved with save_pretrained (safetensors; pytorch_model.bin is not read)")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        if not (folder / name).is_file():
+            raise UserError("--hf", str(folder), f"the index names the shard {name}, which is missing",
+                            "copy the whole checkpoint folder")
+        tensors.update(load_file(str(folder / name)))
+    return tensors
+
+
+@torch.no_grad()
+def load_hf(folder: str | Path) -> tuple[Transformer, str]:
+    """The native model (fp32) holding the checkpoint in ``folder`` exactly, and its architecture."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise UserError("--hf", str(folder), "has no config.json", "give a local transformers checkpoint folder")
+    arch, config, strategy = config_from_hf(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
+    spec = {"config": dataclasses.asdict(config), "strategy": strategy, "block": describe_callable(Block)}
+    with torch.device("meta"):
+        model = build_from_spec(spec)
+    model.to_empty(device="cpu")
+    model.float()
+    if config.tie_embeddings:
+        model.tie_()
+    for p in model.parameters():
+        p.fill_(float("nan"))  # every value must come from the checkpoint
+    cos, sin = rope_tables(config.seq_len, config.head_dim, config.rope_theta)
+    model.rope_cos.copy_(cos)
+    model.rope_sin.copy_(sin)
+    tensors = read_hf_tensors(folder)
+    rows = hf_names(model, arch, qk_norm=arch.startswith("Qwen3"))
+    names = {n for n, _ in rows}
+    missing = sorted(names - set(tensors))
+    extra = sorted(k for k in set(tensors) - names if not k.endswith(_IGNORED_SUFFIXES))
+    if config.tie_embeddings and "lm_head.weight" in extra:
+        extra.remove("lm_head.weight")
+        if not torch.equal(tensors["lm_head.weight"], tensors.get("model.embed_tokens.weight")):
+            raise UserError(f"{folder / 'config.json'}: tie_word_embeddings", "true", "but lm_head.weight differs from "
+                            "the embedding", "set tie_word_embeddings: false in config.json")
+    if missing or extra:
+        raise UserError("--hf", str(folder), f"the weights do not match {arch} of this config (missing: {missing[:4]}, "
+                        f"not importable: {extra[:4]}{' (biases?)' if any('bias' in e for e in extra) else ''})",
+                        "give an unmodified checkpoint of that architecture")
+    for name, ref in rows:
+        x = tensors[name].float()
+        if ref.kind in ("norm", "head_norm"):
+            site = site_of(model, ref)
+            vec = site.scales["shared"] if ref.kind == "norm" else site.proj[ref.branch].out_scale
+            ok = vec is not None and vec.dim == x.numel() and set_scale_(vec, x)
+        else:
+            t = native_tensor(model, ref)
+            ok = t is not None and t.shape == x.shape
+            if ok:
+                t.copy_(x)
+        if not ok:
+            raise UserError("--hf", str(folder), f"{name} has shape {tuple(x.shape)}, which does not fit config.json",
+                            "give an unmodified checkpoint")
+    left = [n for n, p in model.named_parameters() if torch.isnan(p).any()]
+    if left:
+        raise RuntimeError(f"import left parameters unset (a gap in the name table): {left[:5]}")
+    return model.eval(), arch
+
+
+def _tokenizer(folder: Path, given: Optional[str | Path]) -> Path:
+    path = Path(given) if given is not None else folder / "tokenizer.json"
+    if not path.is_file():
+        raise UserError("--tokenizer" if given is not None else "--hf", str(path.parent if given is None else path),
+                        "has no tokenizer.json" if given is None else "no such file",
+                        "pass --tokenizer <a Hugging Face tokenizer.json> (sentencepiece-only folders: save the "
+                        "tokenizer with transformers' AutoTokenizer.save_pretrained first)")
+    return path
+
+
+def import_hf(hf: str | Path, out: str | Path, *, strategy: Optional[str | Path] = None, allow_function_change: bool = False,
+              tokenizer: Optional[str | Path] = None, overwrite: bool = False) -> tuple[list[str], list[str]]:
+    """Import ``hf`` into ``out``; returns ``(files written, lines to print)``."""
+    folder = Path(hf)
+    tok = _tokenizer(folder, tokenizer)
+    model, arch = load_hf(folder)
+    lines = [f"imported {arch} from {folder}: {sum(p.numel() for p in model.parameters()):,} parameters, "
+             f"eps {model.strategy.eps:g}, {'QK-norm as DNP on q/k (output_shape: head)' if arch.startswith('Qwen3') else 'one γ per norm'}"]
+    if strategy is not None:
+        model, report, moved = convert_model(model, read_strategy(strategy, model.strategy.eps),
+                                             allow_function_change=allow_function_change, value=str(strategy))
+        lines += report_lines(report, moved, f"converted to {strategy}")
+    files = write_native(model, out, tokenizer=tok, tokenizer_note=f"the one in {folder}", overwrite=overwrite)
+    return files, lines
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m scalevec_lit import",
+                                     description="Import a local transformers checkpoint as a native checkpoint.")
+    parser.add_argument("--hf", required=True, help="local folder: config.json + safetensors (+ tokenizer.json)")
+    parser.add_argument("--out", required=True, help="output folder (native format + tokenizer + model.yaml)")
+    parser.add_argument("--strategy", default=None, help="convert to this strategy preset (recipes/strategy/X.yaml)")
+    parser.add_argument("--allow-function-change", action="store_true",
+                        help="with --strategy: convert even where the function changes")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the one in --hf)")
+    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    args = parser.parse_args(argv)
+    files, lines = import_hf(args.hf, args.out, strategy=args.strategy, allow_function_change=args.allow_function_change,
+                             tokenizer=args.tokenizer, overwrite=args.overwrite)
+    for line in lines:
+        print(line)
+    print(f"wrote {args.out}: {', '.join(files)}")
+    print(f"train on: python -m scalevec_lit fit --config <recipe> --config {Path(args.out) / 'model.yaml'} "
+          f"--model.init_from {args.out}")
