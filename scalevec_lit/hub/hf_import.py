@@ -194,6 +194,8 @@ def import_hf(hf: str | Path, out: str | Path, *, strategy: Optional[str | Path]
               tokenizer: Optional[str | Path] = None, overwrite: bool = False) -> tuple[list[str], list[str]]:
     """Import ``hf`` into ``out``; returns ``(files written, lines to print)``."""
     folder = Path(hf)
+    if not (folder / "config.json").is_file():
+        raise UserError("--hf", str(folder), "has no config.json", "give a local transformers checkpoint folder")
     tok = _tokenizer(folder, tokenizer)
     model, arch = load_hf(folder)
     lines = [f"imported {arch} from {folder}: {sum(p.numel() for p in model.parameters()):,} parameters, "

@@ -79,7 +79,7 @@ def read_init(path: str, config: TransformerConfig, strategy: ScaleStrategy,
     try:
         spec, state = read_checkpoint(path)
     except ExportError as err:
-        raise UserError(key, path, str(err).split(": ", 1)[-1], "give a native folder (import, convert or export "
+        raise UserError(key, path, str(err).split(": ", 1)[-1].split("; ")[0], "give a native folder (import, convert or export "
                         "--format native), a .ckpt of fit, or a distributed checkpoint folder") from None
     current = model_spec(config, strategy, block)
     diffs = _diffs(spec, current)
