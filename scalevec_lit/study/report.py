@@ -206,6 +206,10 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
           f"non-diverged run: **{'yes' if at_final else 'NO'}**.",
           f"- Grid: {len(order)} variants × LRs × seeds {study.seeds}: {len(runs)} of {expected} runs complete"
           f"{f', {n_div} diverged (non-finite loss; counted as the worse side in sign tests)' if n_div else ''}."]
+    reused = sorted(f"`{r.label()}` from `{d['reused_from']}`" for r, d in runs.items() if d.get("reused_from"))
+    if reused:
+        L += [f"- Re-used runs (copied in before the study ran them; their finish times are the original ones): "
+              f"{'; '.join(reused)}."]
     if meta.get("lr_from"):
         lf = meta["lr_from"]
         L += [f"- Learning rate from study `{lf['study']}`: {fmt_lr(lf['resolved_lr'])}, the best of "
@@ -219,7 +223,9 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
 
     # -- endpoints ---------------------------------------------------------------------------------------
     L += ["## Endpoints", "",
-          "Mean ± std over seeds of the endpoint; ★ = the variant's best LR (lowest mean, no diverged seed)"
+          "Mean ± std over seeds of the endpoint"
+          + ("; ★ = the variant's best LR (lowest mean, no diverged seed)" if any(
+              len(grid.lrs(v)) > 1 for v in grid.order) else "")
           + (", ⚠ = best LR at the edge of the grid (the optimum may lie outside it)" if any(
               grid.at_edge(v) for v in grid.order) else "") + ".", "",
           "| variant | LR | seeds | endpoint mean ± std | per seed | final val/loss mean |", "|---|---|---|---|---|---|"]
@@ -231,7 +237,7 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
             m, sd = stats.mean_std(fin) if fin else (float("nan"), float("nan"))
             finals = [d["final_val_loss"] for r, d in runs.items() if r.variant == v and r.lr == lr
                       and math.isfinite(d["final_val_loss"])]
-            mark = " ★" if (lr is not None and grid.best[v] == lr) else ""
+            mark = " ★" if (lr is not None and grid.best[v] == lr and len(grid.lrs(v)) > 1) else ""
             mark += " ⚠" if mark and grid.at_edge(v) else ""
             per_seed = ", ".join(f"{s}: {_f(cells[s])}" if math.isfinite(cells[s]) else f"{s}: diverged"
                                  for s in sorted(cells))
