@@ -378,3 +378,20 @@ def test_issue13_studies_are_well_formed(name):
         assert study.callbacks[st.RWD]["weight_decay"] == 1.0
     if name == "claim1_lr_cpu":
         assert study.lrs == [1e-3, 3e-3, 1e-2, 3e-2]
+
+
+def test_data_option_reaches_the_runs_and_the_report(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "base": [str(ROOT / "recipes" / "smoke.yaml")],
+                                    "args": ["--data.data_dir=elsewhere"], "variants": [{"name": "baseline"}]}))
+    assert st.main(["run", str(path), "--out", str(tmp_path / "runs"), "--dry-run", "--data", "my/data"]) == 0
+    cmd = capsys.readouterr().out.splitlines()[-1]
+    assert "--data.data_dir=my/data" in cmd and "elsewhere" not in cmd
+    from scalevec_lit.study import runner
+
+    study = st.load_study(path)
+    study.args = ["--data.data_dir=my/data"]
+    runner._meta(study, tmp_path, 1, {"commit": "a" * 40, "dirty": False}, False)
+    meta = json.loads((tmp_path / "study_meta.json").read_text())
+    assert meta["data_dir"] == "my/data"
+    assert st_report._data_line(study, meta).startswith("Data: `my/data`")

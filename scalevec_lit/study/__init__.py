@@ -36,6 +36,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p_run.add_argument("--dry-run", action="store_true", help="print the commands of the runs to do")
     p_run.add_argument("--report", action="store_true", help="write the report when all runs are done")
     p_run.add_argument("--limit", type=int, default=None, help="run at most this many of the incomplete runs")
+    p_run.add_argument("--data", default=None, help="a prepared data folder for every run (--data.data_dir)")
     p_run.add_argument("--allow-code-change", action="store_true",
                        help="continue a study whose earlier runs were made at another commit")
     p_rep = sub.add_parser("report", help="write report.md and plots from complete runs")
@@ -44,6 +45,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "run":
         study = load_study(args.study)
+        if args.data:
+            study.args = [a for a in study.args if not a.startswith("--data.data_dir=")] + [f"--data.data_dir={args.data}"]
         out = Path(args.out or study.out)
         failed = run_study(study, out, args.parallel, args.dry_run, args.allow_code_change, args.limit)
         if args.report and not failed and not args.dry_run:

@@ -132,9 +132,9 @@ STATS_HEAD = ("| comparison | pairs | paired mean ± std | t (p) | sign test | b
 STATS_RULE = "|---|---|---|---|---|---|---|"
 
 
-def _data_line(study: Study) -> str:
-    data_dir = None
-    for a in study.args:
+def _data_line(study: Study, meta: dict) -> str:
+    data_dir = meta.get("data_dir")
+    for a in study.args if data_dir is None else []:
         if a.startswith("--data.data_dir="):
             data_dir = a.split("=", 1)[1]
     if data_dir is None:
@@ -199,7 +199,7 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
           f"{' (with uncommitted changes!)' if dirty else ' (clean)'}; runs started {meta.get('started', 'n/a')}, "
           f"finished between {finished[0]} and {finished[-1]}; sum of run wall times {sum(walls) / 60:.1f} min.",
           f"- Base recipe(s): {', '.join(f'`{b}`' for b in study.base) or 'n/a'}; shared args: `{' '.join(study.args)}`.",
-          f"- {_data_line(study)}",
+          f"- {_data_line(study, meta)}",
           f"- Training tokens per run (last logged `train/tokens`): {', '.join(f'{t:,}' for t in tokens) or 'n/a'}.",
           f"- Endpoint: mean of the last {study.endpoint_evals} validation losses, logged at 0-based steps "
           f"{', '.join(str(list(s)) for s in end_steps) or 'n/a'}; last evaluation at the final step in every "

@@ -170,6 +170,9 @@ def _meta(study: Study, out: Path, parallel: int, provenance: dict, allow_code_c
                  "sessions": meta.get("sessions", []) + [{"started": now(), "code": provenance}]})
     if study.lr_from:
         meta["lr_from"] = study.lr_from
+    data = [a.split("=", 1)[1] for a in study.args if a.startswith("--data.data_dir=")]
+    if data:
+        meta["data_dir"] = data[-1]
     path.write_text(json.dumps(meta, indent=1))
 
 
