@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 
 from conftest import ROOT
 from scalevec_lit.data.tokenizer import DEFAULT_TOKENIZER

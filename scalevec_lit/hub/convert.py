@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -100,11 +101,10 @@ def convert_model(model: Transformer, strategy: ScaleStrategy, *, allow_function
 
 def _summary(lines: list[str], limit: int = 6) -> list[str]:
     """Lines that differ only in the layer, said once with the count."""
-    import re
-
     grouped: dict[str, int] = {}
     for line in lines:
-        grouped[re.sub(r"blocks\.\d+\.", "blocks.*.", line)] = grouped.get(re.sub(r"blocks\.\d+\.", "blocks.*.", line), 0) + 1
+        key = re.sub(r"blocks\.\d+\.", "blocks.*.", line)
+        grouped[key] = grouped.get(key, 0) + 1
     out = [f"{k} (×{n})" if n > 1 else k for k, n in grouped.items()]
     return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
 

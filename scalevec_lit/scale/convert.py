@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from .sites import NormSite, OutputNorm, ScaleSite
-from .strategy import has_input_side, has_output_side
+from .strategy import has_input_side
 from .vector import ExpMagnitudeDirectionScale, MagnitudeDirectionScale, PlainScale, ScaleVector, UnitOffsetScale
 
 __all__ = ["Transfer", "set_scale_", "transfer_"]
@@ -100,6 +100,7 @@ def _columns(site: NormSite, b: str) -> Optional[torch.Tensor]:
     """Input-side factor on branch b's columns: ``[in]``, or ``[E, in]`` with per-expert scales."""
     g = site.gamma(b)
     g = None if g is None else g.detach()
+    # per-expert γ_e reach an expert branch with an input side (as ``NormSite.expert_weight`` applies them)
     if site.by_name[b].experts and site.expert_scales is not None and has_input_side(site.placement[b]):
         per = torch.stack([v().detach() for v in site.expert_scales])
         g = per if g is None else per * g
@@ -161,7 +162,7 @@ def _transfer_site(s: NormSite, t: NormSite, name: str, out: Transfer) -> dict[s
                                f"({t.placement_key(b)}; the source has {s.placement[b]!r})")
         if not norm_s:
             rows[b] = u_src
-            if vec is not None and has_output_side(t.placement[b]) and not norm_t:
+            if vec is not None and not norm_t:  # an un-normalized u (output / dual placement)
                 want, exact = _shape_for(vec, u_src) if u_src is not None else (None, False)
                 if _set_or_ones(vec, want if exact else None, f"{name}.{b}.out_scale", out) and exact:
                     rows[b] = None
