@@ -224,6 +224,18 @@ def test_unsupported_options_are_refused_with_the_key(change, words):
         config_from_hf({**moe, "mlp_only_layers": [1]})
 
 
+def test_weights_that_do_not_fit_the_architecture_are_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = save(tiny_hf("LlamaForCausalLM"), tmp_path / "hf")
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(32)
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(UserError, match=r"missing: \['model\.layers\.1\.mlp\.up_proj\.weight'\].*q_proj\.bias'\] \(biases\?\)"):
+        load_hf(folder)
+
+
 def test_cli_import_fit_init_from_export(prepared_data, tmp_path, capsys):
     """The README's worked example: import (tied Llama, to HG) → fit 3 steps from it → export → transformers."""
     from scalevec_lit.cli import main
@@ -265,11 +277,16 @@ def test_cli_import_fit_init_from_export(prepared_data, tmp_path, capsys):
     moved = {n: float((a - b).norm() / a.norm()) for (n, a), b in zip(start.state_dict().items(),
                                                                       trained.state_dict().values())}
     assert max(moved.values()) < 0.05 and min(moved.values()) > 0, moved  # 3 steps at lr 1e-4 from the import
+    main(["convert", "--ckpt", str(ckpt), "--strategy", str(PRESETS / "er.yaml"), "--out", str(tmp_path / "er")])
+    assert (tmp_path / "er" / "tokenizer.json").read_bytes() == DEFAULT_TOKENIZER.read_bytes()  # the recorded one
+    er, _ = load_model(tmp_path / "er")
+    idx = tokens(4096, 32)
+    with torch.no_grad():
+        assert rel(er(idx), trained(idx)) <= 1e-5  # a fit checkpoint converts too (float32 here)
     main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "exported")])
     from transformers import AutoModelForCausalLM
 
     back = AutoModelForCausalLM.from_pretrained(tmp_path / "exported", dtype=torch.float32).eval()
-    idx = tokens(4096, 32)
     with torch.no_grad():
         diff = rel(back(input_ids=idx).logits, trained(idx))
     MEASURED["cli: import → fit 3 steps → export"] = diff
