@@ -1,6 +1,7 @@
 """The Hugging Face layout of a folded model: the weight names and ``config.json`` of ``LlamaForCausalLM``,
 ``Qwen3ForCausalLM``, ``Qwen3MoeForCausalLM``, ``MixtralForCausalLM`` or ``Glm4MoeForCausalLM``
-(``hf_layout``); the architecture is chosen, or the model refused, by ``hf_plan.plan_hf``.
+(``hf_layout``); the architecture is chosen, or the model refused, by ``hf_plan.plan_hf``. The weight names
+come from ``hf_names`` (one table, also read by import, ``scalevec_lit/hub/hf_import.py``).
 
 Plain torch: must not import Lightning or transformers, nor the write / cli modules of this package.
 """
