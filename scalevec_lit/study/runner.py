@@ -187,6 +187,8 @@ def run_study(study: Study, out: Path, parallel: int = 1, dry_run: bool = False,
     lr_note = f"; LR {fmt_lr(study.lrs[0])} from study {study.lr_from['study']}" if study.lr_from else ""
     print(f"[study] {study.name}: {len(grid)} runs, {len(grid) - len([r for r in grid if not (out / r.rel() / DONE).exists()])} "
           f"complete, {len(todo)} to run ({parallel} at a time){lr_note}", flush=True)
+    if not todo:  # nothing to run: no provenance check, no meta update
+        return 0
     if dry_run:
         for r in todo:
             print(" ".join(fit_command(study, study.variant(r.variant), r.seed, out / r.rel(), r.lr)))
