@@ -194,6 +194,8 @@ def step_peak_bytes(step: PlainStep, batch: torch.Tensor) -> int:
 
 
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    if len(xs) < 2:
+        return (float("nan"),) * 3
     q = statistics.quantiles(xs, n=4)
     return q[0], statistics.median(xs), q[2]
 
@@ -221,7 +223,8 @@ def bench_presets(presets: list[str], data_dir: str, rounds: int, warmup: int, b
                 times[p].append(t1 - t0)
     out = {}
     for p in presets:
-        ratios = [a / b for a, b in zip(times[p], times["baseline"])]
+        ratios = [a / b for a, b in zip(times[p], times["baseline"])] or [float("nan")] * 2  # --rounds 0: memory only
+        times[p] = times[p] or [float("nan")]
         persistent = state_bytes(steps[p])
         transient = step_peak_bytes(steps[p], data[0])
         saved, per_token_block = saved_bytes(steps[p], data[0])

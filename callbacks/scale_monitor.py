@@ -4,11 +4,12 @@ Every ``every_n_steps`` optimizer steps (and once before the first step) the mon
 registered scale parameter, ``scale/<role>/<site>/<branch>/<layer>/<part>/<stat>`` with stat in mean, std
 (population), min, max; for each vector whose γ is not simply its one parameter (magnitude-direction,
 unit offset) the same statistics of the effective γ under ``.../gamma/<stat>``; for input-role vectors the
-preconditioner figures of SCALE_VECTORS.md §2 under ``.../precond/``: ``min_gamma_sq`` (min_j γ_j², the
-bound on λ_min(P_j)) and, where the linear maps that consume γ are known (``scale_consumers``), the drift of
-``c_j = ‖w_j‖² − γ_j²`` from its value at the start of training (c_j is conserved under pure gradient
-flow): ``drift_mean`` = mean_j (c_j − c_j⁰), ``drift_absmax`` = max_j |c_j − c_j⁰|, ``drift_rel`` =
-drift_mean / mean_j |c_j⁰|. Every ``histogram_every_n_steps`` it adds histograms of each part, and
+paper's preconditioner figures under ``.../precond/``: ``min_gamma_sq`` (min_j γ_j², the bound on
+λ_min(P_j)) and, where the registry names the weights that consume γ (``ScaleParam.consumers``), the drift
+of the parameterization's conserved quantity ``c`` (``ScaleVector.conserved``: ``‖w_j‖² − γ_j²`` per
+channel for a plain γ, one number ``Σ_j ‖w_j‖² − β²`` for a magnitude-direction γ; none for others) from
+its value at the start of training (c is conserved under pure gradient flow): ``drift_mean`` =
+mean (c − c⁰), ``drift_absmax`` = max |c − c⁰|, ``drift_rel`` = drift_mean / mean |c⁰|. Every ``histogram_every_n_steps`` it adds histograms of each part, and
 at every log one image per role, ``scale/<role>/heatmap``: layers × sites for each statistic of γ.
 
 Sharded parameters (FSDP2 DTensors) are handled: statistics are computed on each rank's local shard and
@@ -18,7 +19,7 @@ themselves are gathered (``full_tensor``) for effective γ, histograms and the p
 Every rank computes, rank 0 writes.
 
 May import Lightning, torch and (lazily) matplotlib with the Agg backend; reads the model only through
-``scalevec_lit.scale`` (the registry and the public site attributes). Must not import ``scalevec_lit.lit``.
+``scalevec_lit.scale`` (the registry). Must not import ``scalevec_lit.lit``.
 """
 from __future__ import annotations
 

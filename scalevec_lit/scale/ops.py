@@ -129,9 +129,9 @@ def scaled_linear(
     row_scales: Sequence[Optional[torch.Tensor]],
 ) -> torch.Tensor:
     """``x @ cat_b(diag(row_b) W_b diag(col_b))ᵀ`` in one matmul; ``None`` scales are ones."""
-    if all(g is None for g in col_scales) and all(u is None for u in row_scales):
-        weight = weights[0] if len(weights) == 1 else torch.cat(list(weights))
-        return F.linear(x, weight)
+    if len(weights) == 1 and col_scales[0] is None and row_scales[0] is None:
+        return F.linear(x, weights[0])  # saves the parameter itself: nothing to recompute
+    # several maps without scales still go through the function: a concatenated weight would be saved
     layout = tuple((g is not None, u is not None) for g, u in zip(col_scales, row_scales))
     tensors = [*weights, *(g for g in col_scales if g is not None), *(u for u in row_scales if u is not None)]
     return _ScaledLinear.apply(x, len(weights), layout, *tensors)
