@@ -2,8 +2,8 @@
 traceback is printed, and that no file outside the run's own output changed (hashes before and after).
 
 Most cases run the command in-process (``scalevec_lit.cli.main``), which is what ``python -m scalevec_lit``
-runs, so that the whole file takes about a minute; one case runs a real subprocess to check the exit code
-and stderr end to end.
+runs, so that the whole file takes a minute or two; one case runs a real subprocess to check the exit code
+and stderr end to end. The cases of ``prepare`` are in ``test_bad_prepare.py``.
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import scalevec_lit.cli  # noqa: F401 - imports Lightning before any test captures stderr: the log handler it
+#                          installs must not keep a per-test stream that is closed afterwards
 from conftest import ROOT, recipe, run_cli, smoke_args
 
 SMOKE = recipe("smoke.yaml")
@@ -262,6 +264,20 @@ def test_second_run_into_a_folder_in_use(world, capfd):
         sleeper.wait()
 
 
+def test_stale_lock_of_a_dead_run_is_taken_over(world, capfd):
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folder = world.path / "out" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "run.lock").write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
+    check(world, capfd, fit(world), 0, "taking over the lock of a run that is no longer running")
+    assert not (folder / "run.lock").exists() and (folder / "last.ckpt").exists()
+
+
 def test_fresh_run_into_a_folder_with_another_runs_checkpoints(world, capfd, trained):
     folder = world.path / "out" / "checkpoints"
     folder.mkdir(parents=True)
@@ -270,111 +286,21 @@ def test_fresh_run_into_a_folder_with_another_runs_checkpoints(world, capfd, tra
     assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]
 
 
-# -- prepare ----------------------------------------------------------------------------------------------
-def _texts(folder: Path, n: int = 3) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for i in range(n):
-        (folder / f"t{i}.txt").write_text("\n\n".join(f"Line {j} of text {i}, with words." for j in range(80)))
-    return folder
-
-
-def prep(world, *args) -> list:
-    return ["prepare", "--num-workers", "1", "--segment-chars", "200", "--val-fraction", "0.3", *map(str, args)]
-
-
-def test_prepare_output_equal_to_input(world, capfd):
-    texts = _texts(world.path / "texts")
-    check(world, capfd, prep(world, "--input", texts, "--output", texts), 2, "--output:", "is the input",
-          "outside the input")
-
-
-def test_prepare_output_inside_input(world, capfd):
-    texts = _texts(world.path / "texts")
-    check(world, capfd, prep(world, "--input", texts, "--output", texts / "prepared"), 2, "is inside the input")
-    assert not (texts / "prepared").exists()
-
-
-def test_prepare_output_holding_the_users_files(world, capfd):
-    texts = _texts(world.path / "texts")
-    mine = world.path / "mine"
-    mine.mkdir()
-    (mine / "thesis.tex").write_text("my thesis")
-    check(world, capfd, prep(world, "--input", texts, "--output", mine), 2, "holds files that prepare did not write",
-          "thesis.tex")
-
-
-def test_prepare_overwrite_removes_only_its_own_files(world, capfd):
-    texts = _texts(world.path / "texts")
-    out = world.path / "out" / "prep"
-    check(world, capfd, prep(world, "--input", texts, "--output", out), 0, "prepared")
-    (out / "README.txt").write_text("the user's notes")
-    check(world, capfd, prep(world, "--input", texts, "--output", out), 2, "already holds prepared data",
-          "--overwrite")
-    check(world, capfd, prep(world, "--input", texts, "--output", out, "--overwrite"), 0, "prepared")
-    assert (out / "README.txt").read_text() == "the user's notes"
-
-
-def test_prepare_skips_and_lists_undecodable_and_binary_files(world, capfd):
-    texts = _texts(world.path / "texts")
-    (texts / "latin.txt").write_bytes("Caf\u00e9 cr\u00e8me, na\u00efve fa\u00e7ade.\n".encode("latin-1") * 50)
-    (texts / "image.txt").write_bytes(bytes(range(256)) * 40)
-    out = world.path / "out" / "prep"
-    text = check(world, capfd, prep(world, "--input", texts, "--output", out), 0,
-                 "read 3 of 5 text file(s)", "skipped 1 binary file(s): image.txt",
-                 "not valid text in the encoding: latin.txt (200 bad bytes)")
-    meta = json.loads((out / "meta.json").read_text())
-    assert meta["files"] == 3 and len(meta["skipped"]["binary"]) == 1 and len(meta["skipped"]["undecodable"]) == 1
-    assert "\ufffd" not in text
-
-
-def test_prepare_strict_stops_on_an_undecodable_file(world, capfd):
-    texts = _texts(world.path / "texts")
-    (texts / "latin.txt").write_bytes("na\u00efve\n".encode("latin-1") * 10)
-    check(world, capfd, prep(world, "--input", texts, "--output", world.path / "out" / "p", "--errors", "strict"), 2,
-          "latin.txt", "10 bytes are not valid utf-8", "--encoding")
-
-
-def test_prepare_unknown_encoding(world, capfd):
-    texts = _texts(world.path / "texts")
-    check(world, capfd, prep(world, "--input", texts, "--output", world.path / "out" / "p", "--encoding", "klingon"),
-          2, "--encoding: 'klingon': unknown encoding")
-
-
-def test_prepare_only_binary_files(world, capfd):
-    folder = world.path / "bins"
-    folder.mkdir()
-    (folder / "a.txt").write_bytes(b"\x00\x01" * 500)
-    check(world, capfd, prep(world, "--input", folder, "--output", world.path / "out" / "p"), 2,
-          "none of its 1 file(s) is readable text", "binary")
-
-
-def test_prepare_bad_val_fraction(world, capfd):
-    texts = _texts(world.path / "texts")
-    check(world, capfd, prep(world, "--input", texts, "--output", world.path / "out" / "p", "--val-fraction", "1.5"),
-          2, "--val-fraction: 1.5: must be between 0 and 1")
-
-
-def test_prepare_missing_input(world, capfd):
-    check(world, capfd, prep(world, "--input", world.path / "nowhere", "--output", world.path / "out" / "p"), 2,
-          "--input:", "nowhere", "is not a folder")
-
-
-def test_prepare_tokenizer_that_is_not_json(world, capfd):
-    texts = _texts(world.path / "texts")
-    bad = world.path / "tok.json"
-    bad.write_text("{not json")
-    check(world, capfd, prep(world, "--input", texts, "--output", world.path / "out" / "p", "--tokenizer", bad), 2,
-          "--tokenizer:", "tok.json", "could not be read")
-
-
 # -- end to end, one subprocess ---------------------------------------------------------------------------
-def test_subprocess_error_is_one_paragraph_with_exit_code_and_debug_shows_the_traceback(world, tmp_path):
+def test_subprocess_error_is_one_paragraph_with_its_exit_code(world, tmp_path):
     world.freeze()
     res = run_cli(["fit", "--config", SMOKE, "--data.batch_size=0"], cwd=tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines()[-1] == "error: data.batch_size: 0: must be at least 1; set e.g. " \
                                                   "--data.batch_size=1"
-    res = run_cli(["fit", "--config", SMOKE, f"--data.data_dir={tmp_path / 'nowhere'}"], cwd=tmp_path,
-                  env={"SCALEVEC_DEBUG": "1"})
-    assert res.returncode != 0 and "Traceback" in res.stderr and "FileNotFoundError" in res.stderr
     world.unchanged()
+
+
+@pytest.mark.parametrize("how", ["--debug", "SCALEVEC_DEBUG"])
+def test_debug_shows_the_exception(world, monkeypatch, how):
+    from scalevec_lit.cli import main
+
+    monkeypatch.setenv("SCALEVEC_DEBUG", "1" if how == "SCALEVEC_DEBUG" else "0")
+    args = fit(world, f"--data.data_dir={world.path / 'nowhere'}") + (["--debug"] if how == "--debug" else [])
+    with pytest.raises(FileNotFoundError, match="data.data_dir"):
+        main(args)
