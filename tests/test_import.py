@@ -236,6 +236,29 @@ def test_weights_that_do_not_fit_the_architecture_are_named(tmp_path):
         load_hf(folder)
 
 
+def test_init_from_takes_the_checkpoint_vocabulary_and_its_weights(tmp_path):
+    """Hub models pad their vocabulary: a smaller tokenizer trains the checkpoint's embedding as it is."""
+    import dataclasses
+
+    from scalevec_lit.hub import import_hf
+    from scalevec_lit.lit.init_from import load_init_weights, read_init
+    from scalevec_lit.model import Transformer
+    from scalevec_lit.model.block import Block
+
+    import_hf(save(tiny_hf("Qwen3ForCausalLM", vocab=4096), tmp_path / "hf", tokenizer=True), tmp_path / "native")
+    imported, spec = load_model(tmp_path / "native")
+    recipe = dataclasses.replace(imported.config, vocab_size=4000, seq_len=16)  # a smaller tokenizer, shorter runs
+    config, state = read_init(str(tmp_path / "native"), recipe, imported.strategy, Block)
+    assert config.vocab_size == 4096 and config.seq_len == 16
+    model = Transformer(config, imported.strategy)
+    load_init_weights(model, state, str(tmp_path / "native"))
+    idx = tokens(4096, 16)
+    with torch.no_grad():
+        assert torch.equal(model.eval()(idx), imported(idx))
+    with pytest.raises(UserError, match=r"vocabulary \(4096\) is smaller than the tokenizer's \(5000\)"):
+        read_init(str(tmp_path / "native"), dataclasses.replace(recipe, vocab_size=5000), imported.strategy, Block)
+
+
 def test_cli_import_fit_init_from_export(prepared_data, tmp_path, capsys):
     """The README's worked example: import (tied Llama, to HG) → fit 3 steps from it → export → transformers."""
     from scalevec_lit.cli import main
