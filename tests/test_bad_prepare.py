@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_bad_input import check, world  # noqa: F401 - world is a fixture
+from test_bad_input import SMOKE, check, world  # noqa: F401 - world is a fixture
 
 
 # -- prepare ----------------------------------------------------------------------------------------------
@@ -104,3 +104,67 @@ def test_prepare_tokenizer_that_is_not_json(world, capfd):
     bad.write_text("{not json")
     check(world, capfd, prep(world, "--input", texts, "--output", world.path / "out" / "p", "--tokenizer", bad), 2,
           "--tokenizer:", "tok.json", "could not be read")
+
+
+# -- row formats through the command line -------------------------------------------------------------------
+def test_prepare_reads_parquet_and_jsonl_with_a_text_field_and_reports_bad_rows(world, capfd):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shards = world.path / "shards"
+    shards.mkdir()
+    docs = [f"Document {i}: " + " ".join(f"word{(i * j) % 97}" for j in range(60)) for i in range(30)]
+    pq.write_table(pa.table({"content": docs[:20], "n": list(range(20))}), shards / "part-0.parquet")
+    (shards / "part-1.jsonl").write_text("".join(json.dumps({"content": d}) + "\n" for d in docs[20:])
+                                         + '{"content": 3}\n{"body": "x"}\n')
+    out = world.path / "out" / "prep"
+    check(world, capfd, prep(world, "--input", shards, "--output", out, "--text-field", "content"), 0,
+          "read 1 JSON Lines file(s) (10 rows), 1 parquet file(s) (20 rows)",
+          "2 of 32 rows skipped (no usable text in 'content'), in 1 file(s):",
+          "part-1.jsonl: skipped 2 of 12 rows: 1 without the field 'content', 1 where it is not a string (number: 1) "
+          "(first: line 11)", "prepared")
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["rows"] == {"read": 30, "skipped": 2} and meta["text_field"] == "content"
+
+
+def test_prepare_wrong_text_field(world, capfd):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shards = world.path / "shards"
+    shards.mkdir()
+    pq.write_table(pa.table({"content": ["a b c"], "n": [1]}), shards / "part-0.parquet")
+    check(world, capfd, prep(world, "--input", str(shards / "*.parquet"), "--output", world.path / "out" / "p"), 2,
+          "--text-field: 'text':", "part-0.parquet has no such column", "its columns are: content (string), n (int64)",
+          "choose one with --text-field")
+    assert not (world.path / "out" / "p").exists()
+
+
+# -- the embedded default prepares itself; any other folder names the prepare command ----------------------
+def _fresh_fit(world, *extra) -> list:
+    root = world.path / "out" / "runs"
+    return ["fit", "--config", SMOKE, "--trainer.max_steps=1", "--trainer.limit_val_batches=0",
+            f"--trainer.default_root_dir={root}", f"--trainer.logger.init_args.save_dir={root}",
+            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", *extra]
+
+
+def test_fit_smoke_prepares_the_embedded_corpus_itself(world, capfd, monkeypatch, prepared_data):
+    fresh = world.path / "out" / "checkout"
+    fresh.mkdir(parents=True)
+    monkeypatch.chdir(fresh)
+    text = check(world, capfd, _fresh_fit(world), 0,
+                 "data.data_dir: data/prepared/shakespeare is not prepared yet: preparing the embedded Shakespeare corpus")
+    assert sum("preparing the embedded" in line for line in text.splitlines()) == 1
+    meta = json.loads((fresh / "data/prepared/shakespeare/meta.json").read_text())
+    assert meta["tokens"] == json.loads((prepared_data / "meta.json").read_text())["tokens"]
+    assert (world.path / "out" / "runs" / "smoke" / "version_0").is_dir()  # and it trained
+
+
+def test_fit_with_another_missing_folder_names_the_prepare_command(world, capfd, monkeypatch):
+    fresh = world.path / "out" / "checkout"
+    fresh.mkdir(parents=True)
+    monkeypatch.chdir(fresh)
+    check(world, capfd, _fresh_fit(world, "--data.data_dir=data/prepared/mine"), 2,
+          "data.data_dir: 'data/prepared/mine' does not exist",
+          "run `python -m scalevec_lit prepare --input <text folder> --output data/prepared/mine`")
+    assert not (fresh / "data").exists()

@@ -1,14 +1,18 @@
-"""prepare: a folder of text files + a ``tokenizer.json`` → litdata token chunks, split train/val.
+"""prepare: text, JSON Lines, parquet or a saved dataset + a ``tokenizer.json`` → litdata token chunks, split train/val.
 
-``python -m scalevec_lit prepare --input <folder> --tokenizer <tokenizer.json> --output <dir>``
+``python -m scalevec_lit prepare --input <folders, files, globs> --tokenizer <tokenizer.json> --output <dir>``
 
-Each file is cut into segments at paragraph breaks (about ``segment_chars`` characters each); a segment
-goes to validation when a stable hash of (file, index) falls under ``val_fraction``, so the split is
-disjoint, reproducible and unchanged when files are added. Every segment is encoded with an
-end-of-text id appended, and the token stream is written with litdata's ``optimize`` (``TokensLoader``),
-in parallel workers over files. ``meta.json`` records the tokenizer, its vocabulary and the counts; the
-data module checks it. What prepare reads and where it writes (binary and undecodable files, the output
-folder it owns, ``--overwrite``) is in ``inputs.py``; it ends with a summary of files read and skipped.
+Which files are read and how (text; JSON Lines and parquet with ``--text-field``; a ``save_to_disk``
+folder) is in ``formats.py``. A text file is cut into segments at paragraph breaks (about
+``segment_chars`` characters each); a segment goes to validation when a stable hash of (file, index)
+falls under ``val_fraction``. A row of a row format is one document, and goes to validation when the
+hash of (file, row) does. So the split is disjoint, reproducible and unchanged when files are added.
+Every document or segment is encoded with an end-of-text id appended, and the token stream is written
+with litdata's ``optimize`` (``TokensLoader``), in parallel workers over work units (files, or groups of
+parquet row groups). ``meta.json`` records the tokenizer, its vocabulary and the counts; the data module
+checks it. What prepare reads and where it writes (binary and undecodable files, the output folder it
+owns, ``--overwrite``) is in ``inputs.py``; it ends with a summary of files read and skipped, and of the
+rows skipped in each file (missing field, null, not a string, empty, invalid JSON).
 
 Must not import Lightning.
 """
@@ -18,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import zlib
 from functools import partial
 from pathlib import Path
@@ -25,10 +30,15 @@ from typing import Iterator, Optional
 
 import torch
 
+from .formats import FORMATS_HELP, KIND_NAMES, RowCounts, iter_documents, plan_units, resolve_inputs
 from .inputs import ERROR_POLICIES, claim_output, scan_inputs
-from .tokenizer import DEFAULT_TEXT_DIR, DEFAULT_TOKENIZER, Tokenizer, text_files
+from .tokenizer import DEFAULT_TEXT_DIR, DEFAULT_TOKENIZER, TEXT_SUFFIXES, Tokenizer
 
 META = "meta.json"
+#: where ``make prepare`` (and ``prepare`` without --output) writes the embedded corpus; ``recipes/smoke.yaml``
+#: reads it, and the data module prepares it there by itself when it is missing
+DEFAULT_OUTPUT = "data/prepared/shakespeare"
+MAX_LISTED = 20  # files with skipped rows listed in the summary (meta.json has them all)
 _TOKENIZERS: dict[str, Tokenizer] = {}
 
 
@@ -50,22 +60,35 @@ def is_val(rel: str, index: int, val_fraction: float) -> bool:
     return (zlib.crc32(f"{rel}\0{index}".encode()) % 100_000) < val_fraction * 100_000
 
 
-def _tokenize_file(
-    path: str, *, root: str, tokenizer: str, split: str, val_fraction: float, segment_chars: int,
-    encoding: str = "utf-8",
+def _tokenize_unit(
+    unit: str, *, tokenizer: str, split: str, val_fraction: float, segment_chars: int, encoding: str = "utf-8",
+    text_field: str = "text", counts_dir: Optional[str] = None,
 ) -> Iterator[torch.Tensor]:
+    """The token tensors of one work unit (``formats.plan_units``, as JSON) that belong to ``split``."""
+    spec = json.loads(unit)
     tok = _TOKENIZERS.get(tokenizer) or _TOKENIZERS.setdefault(tokenizer, Tokenizer(tokenizer))
-    rel = os.path.relpath(path, root)
-    text = Path(path).read_bytes().decode(encoding, errors="replace")  # undecodable files were sorted out before
-    for i, seg in enumerate(segments(text, segment_chars)):
-        if is_val(rel, i, val_fraction) == (split == "val"):
-            yield torch.tensor(tok.encode(seg), dtype=torch.int32)
+    rel, want_val = spec["rel"], split == "val"
+    if spec["kind"] == "text":
+        text = Path(spec["path"]).read_bytes().decode(encoding, errors="replace")  # undecodable files were sorted out before
+        for i, seg in enumerate(segments(text, segment_chars)):
+            if is_val(rel, i, val_fraction) == want_val:
+                yield torch.tensor(tok.encode(seg), dtype=torch.int32)
+        return
+    counts = RowCounts()
+    for doc in iter_documents(spec, text_field, lambda row: is_val(rel, row, val_fraction) == want_val, counts):
+        yield torch.tensor(tok.encode(doc), dtype=torch.int32)
+    if counts_dir is not None:  # the workers are other processes: the counts come back through files
+        (Path(counts_dir) / f"{split}-{spec['id']}.json").write_text(json.dumps({"rel": rel, **counts.to_json()}))
+
+
+def _as_list(inputs) -> list:
+    return [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
 
 
 def prepare(
-    input_dir: str | Path = DEFAULT_TEXT_DIR,
+    input_dir: str | Path | list = DEFAULT_TEXT_DIR,
     tokenizer: str | Path = DEFAULT_TOKENIZER,
-    output_dir: str | Path = "data/prepared/shakespeare",
+    output_dir: str | Path = DEFAULT_OUTPUT,
     val_fraction: float = 0.05,
     segment_chars: int = 4000,
     chunk_tokens: int = 1 << 17,
@@ -73,9 +96,12 @@ def prepare(
     overwrite: bool = False,
     encoding: str = "utf-8",
     errors: str = "skip",
+    text_field: str = "text",
 ) -> dict:
     """Tokenize and chunk; returns the metadata written to ``<output_dir>/meta.json`` (with ``skipped``:
-    the binary and undecodable files left out)."""
+    the binary and undecodable files and the rows without usable text), plus ``summary`` (lines to print).
+
+    ``input_dir``: a folder, a file or a glob pattern, or a list of them (``formats.py``)."""
     from litdata import TokensLoader, optimize
 
     if not 0.0 < val_fraction < 1.0:
@@ -83,51 +109,87 @@ def prepare(
     for key, value, low in (("--segment-chars", segment_chars, 1), ("--chunk-tokens", chunk_tokens, 2)):
         if value < low:
             raise ValueError(f"{key}: {value}: must be at least {low}; use the default or a larger value")
-    found = text_files(input_dir, key="--input")
+    if not text_field:
+        raise ValueError("--text-field: '': empty; give the field or column that holds the text, e.g. text")
+    inputs = _as_list(input_dir)
+    if not inputs:
+        raise ValueError("--input: no input given; give a folder, files or a glob pattern")
+    shown = str(inputs[0]) if len(inputs) == 1 else ", ".join(map(str, inputs))
+    found = resolve_inputs(inputs)
+    if not found.sources:
+        raise FileNotFoundError(
+            f"--input: {shown!r} holds no text files ({', '.join(TEXT_SUFFIXES)}) and no JSON Lines, parquet or saved "
+            "dataset files; add some or point elsewhere"
+        )
     tok = Tokenizer(tokenizer, key="--tokenizer")
-    scan = scan_inputs(found, encoding, errors)
-    if not scan.files:
-        raise ValueError(f"--input: {str(input_dir)!r}: none of its {len(found)} file(s) is readable text ("
-                         + "; ".join(scan.summary(Path(input_dir))) + "); check --encoding or the folder")
-    files = scan.files
+    texts = [s for s in found.sources if s.kind == "text"]
+    rows = [s for s in found.sources if s.kind != "text"]
+    scan = scan_inputs([s.path for s in texts], encoding, errors)
+    try:  # file names in the summary are shown relative to this
+        root = Path(os.path.commonpath([str(r) for r in found.roots]))
+    except ValueError:  # absolute and relative inputs mixed
+        root = Path(".")
+    root = root.parent if root.is_file() else root
+    if not scan.files and not rows:
+        raise ValueError(f"--input: {shown!r}: none of its {len(texts)} file(s) is readable text ("
+                         + "; ".join(scan.summary(root)) + "); check --encoding or the folder")
+    kept = set(scan.files)
+    sources = [s for s in found.sources if s.kind != "text" or s.path in kept]
+    units = plan_units(sources, text_field)
     out = Path(output_dir)
-    claim_output(out, [Path(input_dir)], overwrite)
-    workers = num_workers if num_workers is not None else max(1, min(len(files), os.cpu_count() or 1))
+    claim_output(out, found.roots, overwrite)
+    workers = num_workers if num_workers is not None else max(1, min(len(units), os.cpu_count() or 1))
     counts = {}
-    for split in ("train", "val"):
-        fn = partial(
-            _tokenize_file,
-            root=str(Path(input_dir).resolve()),
-            tokenizer=str(tok.path.resolve()),
-            split=split,
-            val_fraction=val_fraction,
-            segment_chars=segment_chars,
-            encoding=encoding,
-        )
-        optimize(
-            fn=fn,
-            inputs=[str(p.resolve()) for p in files],
-            output_dir=str((out / split).resolve()),
-            chunk_size=chunk_tokens,
-            item_loader=TokensLoader(),
-            num_workers=workers,
-            mode="overwrite",
-            start_method="fork" if os.name == "posix" else None,
-            verbose=True,
-        )
-        index = json.loads((out / split / "index.json").read_text())
-        counts[split] = int(sum(c["dim"] or 0 for c in index["chunks"]))
-        if counts[split] == 0:
-            raise ValueError(
-                f"--input: {str(input_dir)!r}: gave no {split} tokens; add text or change --val-fraction ({val_fraction})"
+    with tempfile.TemporaryDirectory(prefix="scalevec-prepare-") as counts_dir:
+        for split in ("train", "val"):
+            fn = partial(
+                _tokenize_unit,
+                tokenizer=str(tok.path.resolve()),
+                split=split,
+                val_fraction=val_fraction,
+                segment_chars=segment_chars,
+                encoding=encoding,
+                text_field=text_field,
+                counts_dir=counts_dir,
             )
+            optimize(
+                fn=fn,
+                inputs=[json.dumps(u) for u in units],
+                output_dir=str((out / split).resolve()),
+                chunk_size=chunk_tokens,
+                item_loader=TokensLoader(),
+                num_workers=workers,
+                mode="overwrite",
+                start_method="fork" if os.name == "posix" else None,
+                verbose=True,
+            )
+            index = json.loads((out / split / "index.json").read_text())
+            counts[split] = int(sum(c["dim"] or 0 for c in index["chunks"]))
+            if counts[split] == 0:
+                raise ValueError(
+                    f"--input: {shown!r}: gave no {split} tokens; add text or change --val-fraction ({val_fraction})"
+                )
+        per_file: dict[str, RowCounts] = {}
+        for part in sorted(Path(counts_dir).glob("*.json")):
+            data = json.loads(part.read_text())
+            rel = data.pop("rel")
+            per_file[rel] = per_file.get(rel, RowCounts()).merge(RowCounts.from_json(data))
+    kinds = {s.rel: s.kind for s in rows}
+    bad_files = {rel: c for rel, c in per_file.items() if c.bad or c.error}
+    n_rows, n_bad = sum(c.rows for c in per_file.values()), sum(c.bad for c in per_file.values())
+    formats = {k: sum(1 for s in sources if s.kind == k) for k in KIND_NAMES}
     meta = {
-        "source": str(Path(input_dir).resolve()),
-        "files": len(files),
+        "source": str(Path(inputs[0]).resolve()) if len(inputs) == 1 else [str(Path(i).resolve()) for i in inputs],
+        "files": len(sources),
+        "formats": {k: n for k, n in formats.items() if n},
         "encoding": encoding,
+        "text_field": text_field if rows else None,
+        "rows": {"read": n_rows, "skipped": n_bad} if rows else None,
         "skipped": {"binary": [str(p) for p in scan.binary],
                     "undecodable": {str(p): n for p, n in scan.undecodable.items()},
-                    "replaced": {str(p): n for p, n in scan.replaced.items()}},
+                    "replaced": {str(p): n for p, n in scan.replaced.items()},
+                    "rows": {rel: c.to_json() for rel, c in sorted(bad_files.items())}},
+        "ignored": [str(p) for p in found.ignored],
         "tokenizer": str(tok.path.resolve()),
         "tokenizer_sha256": tok.fingerprint(),
         "vocab_size": tok.vocab_size,
@@ -138,18 +200,41 @@ def prepare(
         "segment_chars": segment_chars,
     }
     (out / META).write_text(json.dumps(meta, indent=2))
-    meta["summary"] = [f"read {len(files)} of {len(found)} text file(s)", *scan.summary(Path(input_dir))]
+    read = [f"{len(scan.files)} of {len(texts)} text file(s)"] if texts else []
+    for kind in ("jsonl", "parquet", "arrow"):
+        if formats[kind]:
+            n = sum(c.rows for rel, c in per_file.items() if kinds.get(rel) == kind)
+            what = "arrow file(s) of {} saved dataset(s)".format(len(found.datasets)) if kind == "arrow" else \
+                f"{KIND_NAMES[kind]} file(s)"
+            read.append(f"{formats[kind]} {what} ({n:,} rows)")
+    summary = ["read " + ", ".join(read), *scan.summary(root)]
+    if rows:
+        lines = [c.describe(rel, text_field, kinds.get(rel, "jsonl")) for rel, c in sorted(bad_files.items())]
+        summary.append(f"{n_bad:,} of {n_rows + n_bad:,} rows skipped (no usable text in {text_field!r}), in "
+                       f"{len(bad_files)} file(s)" + (":" if lines else ""))
+        summary += [f"  {line}" for line in lines[:MAX_LISTED]]
+        if len(lines) > MAX_LISTED:
+            summary.append(f"  and {len(lines) - MAX_LISTED} more file(s) with skipped rows (all listed in {out / META})")
+    if found.ignored:
+        names = [str(p.relative_to(root)) if p.is_relative_to(root) else str(p) for p in found.ignored]
+        summary.append(f"ignored {len(names)} file(s) of other kinds: " + ", ".join(names[:10])
+                       + (f" and {len(names) - 10} more" if len(names) > 10 else ""))
+    meta["summary"] = summary
     return meta
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m scalevec_lit prepare",
-        description="Tokenize a folder of text files into litdata chunks (train/val split).",
+        description="Tokenize text files, JSON Lines, parquet or a saved Hugging Face dataset into litdata chunks "
+                    "(train/val split).",
     )
-    parser.add_argument("--input", default=str(DEFAULT_TEXT_DIR), help="folder of .txt files (default: embedded corpus)")
+    parser.add_argument("--input", nargs="+", default=[str(DEFAULT_TEXT_DIR)],
+                        help=f"folders, files or glob patterns, mixed: {FORMATS_HELP} (default: the embedded corpus)")
+    parser.add_argument("--text-field", default="text",
+                        help="the field (JSON Lines) or column (parquet, saved dataset) that holds the text (default: text)")
     parser.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER), help="a tokenizer.json (default: embedded BPE)")
-    parser.add_argument("--output", default="data/prepared/shakespeare")
+    parser.add_argument("--output", default=DEFAULT_OUTPUT)
     parser.add_argument("--val-fraction", type=float, default=0.05)
     parser.add_argument("--segment-chars", type=int, default=4000)
     parser.add_argument("--chunk-tokens", type=int, default=1 << 17)
@@ -167,7 +252,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         return
     meta = prepare(
         args.input, args.tokenizer, args.output, args.val_fraction, args.segment_chars, args.chunk_tokens,
-        args.num_workers, args.overwrite, args.encoding, args.errors,
+        args.num_workers, args.overwrite, args.encoding, args.errors, args.text_field,
     )
     for line in meta["summary"]:
         print(f"prepare: {line}", file=sys.stderr)
