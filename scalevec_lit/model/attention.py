@@ -5,6 +5,7 @@ Plain torch only: must not import Lightning.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,7 @@ from torch import nn
 
 from ..scale.sites import Branch, NormSite, OutputNorm
 from ..scale.strategy import ScaleStrategy
+from .cache import LayerCache
 from .config import TransformerConfig
 
 
@@ -54,7 +56,12 @@ class CausalSelfAttention(nn.Module):
         """W_o writes into the residual stream: N(0, init_std² / (2 L)) (GPT-2's depth scaling)."""
         nn.init.normal_(self.o.weight, 0.0, self.out_std)
 
+    #: set by ``Transformer.forward_cached`` for the duration of one call (``model/cache.py``); never in training
+    kv_cache: Optional[LayerCache] = None
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.kv_cache is not None:
+            return self._forward_cached(x, cos, sin)
         B, T, _ = x.shape
         q, k, v = self.input(x, rope=(cos, sin))
         y = F.scaled_dot_product_attention(
@@ -62,6 +69,22 @@ class CausalSelfAttention(nn.Module):
             k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2),
             v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2),
             is_causal=True,
+            enable_gqa=self.n_head != self.n_kv_head,
+        )
+        y = self.o(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+        return y if self.out_norm is None else self.out_norm(y)
+
+    def _forward_cached(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The same function for new positions whose predecessors' keys and values are in ``self.kv_cache``
+        (``cos``/``sin`` are the tables of the new positions)."""
+        B, T, _ = x.shape
+        q, k, v = self.input(x, rope=(cos, sin))
+        k, v, masking = self.kv_cache.update(
+            k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2),
+            v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2),
+        )
+        y = F.scaled_dot_product_attention(
+            q.view(B, T, self.n_head, self.head_dim).transpose(1, 2), k, v, **masking,
             enable_gqa=self.n_head != self.n_kv_head,
         )
         y = self.o(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))

@@ -21,7 +21,9 @@ from torch import nn
 
 from ..scale.sites import Branch, NormSite
 from ..scale.strategy import ScaleStrategy
+from .attention import CausalSelfAttention
 from .block import Block
+from .cache import KVCache
 from .config import TransformerConfig
 from .rope import rope_tables
 
@@ -105,6 +107,42 @@ class Transformer(nn.Module):
         for block in self.blocks:
             x = block(x, self.rope_cos, self.rope_sin)
         (logits,) = self.final(x)
+        return logits
+
+    # -- decoding with a key/value cache (model/cache.py); the training path above never reads it ------------
+    def attention_layers(self) -> list[nn.Module]:
+        """The attention modules that can run with a key/value cache, in order."""
+        return [m for m in self.modules() if isinstance(m, CausalSelfAttention)]
+
+    def new_cache(self, max_len: Optional[int] = None) -> KVCache:
+        """An empty cache for up to ``max_len`` positions (default and at most: ``config.seq_len``)."""
+        max_len = self.config.seq_len if max_len is None else max_len
+        if not 0 < max_len <= self.config.seq_len:
+            raise ValueError(f"a cache of {max_len} positions: the model's context is 1 .. {self.config.seq_len} "
+                             "(model.config.seq_len)")
+        return KVCache(len(self.attention_layers()), max_len)
+
+    def forward_cached(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Token ids ``[B, T]`` at positions ``cache.length .. cache.length + T - 1`` → their logits
+        ``[B, T, vocab]``, the same as the matching rows of ``forward`` on the whole sequence; their keys and
+        values are added to ``cache``."""
+        start, T = cache.length, idx.shape[1]
+        layers = self.attention_layers()
+        if len(layers) != len(cache.layers):
+            raise ValueError(f"the cache was made for {len(cache.layers)} attention layers, the model has {len(layers)}")
+        cache.begin(T, idx.device)
+        for attn, layer in zip(layers, cache.layers):
+            attn.kv_cache = layer
+        try:
+            x = self.embed(idx)
+            cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
+            for block in self.blocks:
+                x = block(x, cos, sin)
+            (logits,) = self.final(x)
+        finally:
+            for attn in layers:
+                attn.kv_cache = None
+        cache.advance(T)
         return logits
 
     def aux_losses(self) -> dict[str, torch.Tensor]:

@@ -1,0 +1,64 @@
+"""A key/value cache for decoding: each attention layer keeps the keys and values of the positions seen so far.
+
+``Transformer.forward_cached(idx, cache)`` runs the tokens ``idx`` at positions ``cache.length ...`` and
+appends their keys and values; the training path (``Transformer.forward``) never sees a cache. Keys are
+stored after the per-head norm, ``u`` and RoPE (what attention reads), values after their output side.
+
+Plain torch only: must not import Lightning.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+class LayerCache:
+    """Keys and values ``[B, n_kv_head, max_len, head_dim]`` of one attention layer (allocated on first use)."""
+
+    def __init__(self, owner: "KVCache") -> None:
+        self.owner = owner
+        self.k: Optional[torch.Tensor] = None
+        self.v: Optional[torch.Tensor] = None
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Store ``k``, ``v`` ``[B, H_kv, T, D]`` at the cache's current positions; return every key and value
+        so far and the masking arguments of ``scaled_dot_product_attention`` for the new queries."""
+        start, T = self.owner.length, k.shape[2]
+        if self.k is None:
+            shape = (k.shape[0], k.shape[1], self.owner.max_len, k.shape[3])
+            self.k = k.new_empty(shape)
+            self.v = v.new_empty(shape[:3] + (v.shape[3],))
+        end = start + T
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end], self.owner.masking
+
+
+class KVCache:
+    """The cache of a whole model for a batch of sequences decoded together, up to ``max_len`` positions."""
+
+    def __init__(self, n_layers: int, max_len: int) -> None:
+        self.max_len = max_len
+        self.length = 0  # positions filled (the position of the next token)
+        self.layers = [LayerCache(self) for _ in range(n_layers)]
+        #: ``attn_mask`` / ``is_causal`` for the queries of the current call (set by ``begin``)
+        self.masking: dict = {}
+
+    def begin(self, T: int, device: torch.device) -> None:
+        """Called by the model before it runs ``T`` new positions: checks the room, sets the masking."""
+        if self.length + T > self.max_len:
+            raise ValueError(f"the cache holds {self.max_len} positions; {self.length} are filled and {T} more were given")
+        if T == 1:  # one query sees every key so far
+            self.masking = {"attn_mask": None, "is_causal": False}
+        elif self.length == 0:  # the prompt: the square causal mask, as in training
+            self.masking = {"attn_mask": None, "is_causal": True}
+        else:  # query i (position length + i) sees keys 0 .. length + i
+            keys = torch.arange(self.length + T, device=device)
+            mask = keys[None, :] <= (self.length + torch.arange(T, device=device))[:, None]
+            self.masking = {"attn_mask": mask, "is_causal": False}
+
+    def advance(self, T: int) -> None:
+        """Called by the model after the ``T`` positions ran."""
+        self.length += T
+        self.masking = {}
