@@ -1,8 +1,11 @@
-"""The command line: ``python -m scalevec_lit {fit,validate,test,prepare,export,study,import,convert} ...``.
+"""The command line: ``python -m scalevec_lit {fit,validate,test,prepare,export,generate,study,import,convert} ...``.
 
 ``fit``/``validate``/``test`` are LightningCLI subcommands over ``CausalLM`` and ``TokenDataModule``
 (YAML recipes, ``--print_config``); the data module's vocabulary and the model's sequence length are
 linked so that a recipe cannot disagree with its tokenizer. ``prepare`` tokenizes text into chunks.
+A recipe may state its global batch (``global_batch_tokens`` or ``global_batch_size``, top level): gradient
+accumulation then follows from the data-parallel size at start-up (``lit/batch.py``). The training
+progress bar counts optimizer steps against ``trainer.max_steps`` (``lit/progress.py``).
 
 Every command runs under ``errors.run_guarded``: a user error is one paragraph and exit code 2 (command
 line, recipe) or 1 (run time), no traceback unless ``--debug`` or ``SCALEVEC_DEBUG=1``. The recipe is
@@ -24,12 +27,13 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from .checks import check_command, check_config, check_config_files
 from .data.datamodule import TokenDataModule
 from .errors import debug_enabled, one_paragraph, run_guarded
-from .lit.checkpoint import SafeCheckpointIO, verify_checkpoint
+from .verify import verify_checkpoint
 from .lit.module import CausalLM
 
 EXTRA_COMMANDS = {
     "prepare": "scalevec_lit.data.prepare",
     "export": "scalevec_lit.export",
+    "generate": "scalevec_lit.generate",  # continue a prompt with a checkpoint (KV cache, streaming)
     "study": "scalevec_lit.study",
     "import": "scalevec_lit.hub.hf_import",  # a transformers checkpoint -> native (scalevec_lit/hub/)
     "convert": "scalevec_lit.hub.convert",  # a native checkpoint -> another scale strategy
@@ -75,21 +79,20 @@ class ScaleVecCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         if self.subcommand is not None:
             check_config(self.config[self.subcommand], self.subcommand)
+            from .lit.progress import drop_bars_when_disabled
+
+            drop_bars_when_disabled(self.config[self.subcommand]["trainer"])
 
     def before_fit(self) -> None:
-        """Take the checkpoint folder's lock before Lightning writes anything (the run's config.yaml in a new
-        version folder, at setup), so that a refused second run leaves no trace; ``setup`` takes it again."""
-        from scalevec_lit.callbacks.checkpoint import SafeModelCheckpoint
+        from scalevec_lit.callbacks.checkpoint import lock_checkpoint_folders
 
-        for cb in self.trainer.checkpoint_callbacks:
-            if isinstance(cb, SafeModelCheckpoint) and self.trainer.is_global_zero:
-                cb.lock_early(self.trainer)
+        lock_checkpoint_folders(self.trainer)
 
     def instantiate_trainer(self, **kwargs):
+        from scalevec_lit.callbacks.checkpoint import install_checkpoint_io
+
         trainer = super().instantiate_trainer(**kwargs)
-        strategy = trainer.strategy
-        if type(getattr(strategy, "_checkpoint_io", None) or strategy.checkpoint_io) is TorchCheckpointIO:
-            strategy.checkpoint_io = SafeCheckpointIO()  # atomic writes, clear errors for corrupt files
+        install_checkpoint_io(trainer)  # atomic writes, clear errors for corrupt files
         return trainer
 
     def _parse_ckpt_path(self) -> None:
@@ -101,7 +104,49 @@ class ScaleVecCLI(LightningCLI):
         if ckpt_path and str(ckpt_path) not in ("last", "best", "hpc", "registry"):
             verify_checkpoint(ckpt_path, full=False)
 
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        if getattr(self, "trainer", None) is not None:
+            from .lit.progress import install_step_progress_bar
+
+            install_step_progress_bar(self.trainer)  # "step n/max_steps" instead of "Epoch 1/-2"
+            if self.subcommand == "fit":
+                self._resolve_global_batch(self.trainer)
+
+    def _resolve_global_batch(self, trainer) -> None:
+        """The data-parallel size follows the world size (``data_parallel_size: auto``); the accumulation follows
+        from the recipe's global batch (``lit/batch.py``), printed in one line."""
+        from lightning.pytorch.strategies import ModelParallelStrategy
+        from lightning.pytorch.utilities import rank_zero_info
+
+        from .lit.batch import SEQUENCES_KEY, TOKENS_KEY, data_parallel_size, resolve_global_batch
+
+        devices, nodes = trainer.num_devices, trainer.num_nodes
+        world = devices * nodes
+        strategy = trainer.strategy
+        dp = world
+        if isinstance(strategy, ModelParallelStrategy):
+            dp, set_to = data_parallel_size(world, strategy._data_parallel_size, strategy._tensor_parallel_size, devices)
+            if set_to is not None:
+                strategy._data_parallel_size = set_to
+        config = self.config[self.subcommand]
+        batch = resolve_global_batch(
+            tokens=config.get(TOKENS_KEY), sequences=config.get(SEQUENCES_KEY), seq_len=self.model.config.seq_len,
+            micro_batch=int(getattr(self.datamodule, "batch_size", 1)), data_parallel=dp, devices=devices,
+            num_nodes=nodes, accumulate_set=trainer.accumulate_grad_batches,
+        )
+        if batch is not None:
+            trainer.accumulate_grad_batches = batch.accumulate
+            rank_zero_info(batch.describe(TOKENS_KEY if config.get(TOKENS_KEY) is not None else SEQUENCES_KEY))
+
     def add_arguments_to_parser(self, parser) -> None:
+        from .lit.batch import SEQUENCES_KEY, TOKENS_KEY
+
+        parser.add_argument(f"--{TOKENS_KEY}", type=Optional[int], default=None,
+                            help="tokens per optimizer step, all devices together; gradient accumulation follows "
+                                 "from data.batch_size, model.config.seq_len and the data-parallel size at start-up")
+        parser.add_argument(f"--{SEQUENCES_KEY}", type=Optional[int], default=None,
+                            help="the same in sequences (set one of the two)")
         parser.link_arguments("model.config.seq_len", "data.seq_len")
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
 
@@ -119,15 +164,12 @@ def _dispatch(argv: list[str]):
         return importlib.import_module(EXTRA_COMMANDS[argv[0]]).main(argv[1:])
     check_config_files(argv)
     cli = _run_cli(None if argv == sys.argv[1:] else argv)  # None: LightningCLI reads sys.argv itself
+    from scalevec_lit.callbacks.checkpoint import stopped_by_signal
+
     stop = getattr(cli, "trainer", None) and stopped_by_signal(cli.trainer)
     if stop:
         raise SystemExit(stop)
     return cli
-
-
-def stopped_by_signal(trainer) -> int:
-    """128 + the signal number when a checkpoint callback stopped the run on a signal, else 0."""
-    return max((getattr(cb, "stop_exit_code", 0) for cb in trainer.callbacks), default=0)
 
 
 def _run_cli(args: Optional[list[str]]):

@@ -104,8 +104,9 @@ def report(err: BaseException) -> int:
     """Print ``err`` as one paragraph and return its exit code (1 for an unexpected error)."""
     code = exit_code_for(err)
     if "OutOfMemoryError" in {cls.__name__ for cls in type(err).__mro__}:
-        print(f"error: device memory: {one_paragraph(str(err))[:300]}: out of memory; lower data.batch_size (and raise "
-              "trainer.accumulate_grad_batches to keep the global batch), or turn on "
+        print(f"error: device memory: {one_paragraph(str(err))[:300]}: out of memory; lower data.batch_size (a recipe "
+              "with global_batch_tokens keeps its global batch by accumulating more; otherwise raise "
+              "trainer.accumulate_grad_batches), or turn on "
               "model.parallel.activation_checkpointing", file=sys.stderr, flush=True)
         return 1
     if code is None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import re
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,14 @@ def test_model_vocab_smaller_than_tokenizer_is_refused(prepared_data, tmp_path):
                         default_root_dir=tmp_path)
     with pytest.raises(ValueError, match=r"model.config.vocab_size: 1000 is smaller than the vocabulary \(4096\)"):
         trainer.fit(module, dm)
+
+
+def test_progress_bar_counts_optimizer_steps_against_max_steps(prepared_data, tmp_path):
+    """``step n/max_steps`` (accumulation included), not Lightning's ``Epoch 1/-2``. (A recipe that lists a bar,
+    run with ``--trainer.enable_progress_bar=false``, drops it: every GPU recipe in tests/test_global_batch.py.)"""
+    res = run_cli(smoke_args(prepared_data, tmp_path, 6, "--trainer.enable_progress_bar=true",
+                             "--trainer.accumulate_grad_batches=2", "--trainer.limit_val_batches=0"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    bar = (res.stdout + res.stderr).replace("\r", "\n")
+    assert re.search(r"^step: 100%.*\| 6/6 ", bar, re.M), bar[-2000:]
+    assert "Epoch" not in bar and "/-2" not in bar and " 12/" not in bar  # 12 micro-batches, 6 steps

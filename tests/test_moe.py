@@ -340,8 +340,9 @@ def recipe_parser():
 def test_gpu_recipes_counts_on_meta(recipe_parser, recipe, total_range, active_range, capsys):
     cfg, lm = recipe_parser(recipe, "strategy/unified.yaml")
     assert "ModelParallelStrategy" in cfg.trainer.strategy.class_path and lm.parallel.mixed_precision == "bf16"
-    mesh = cfg.trainer.strategy.init_args
-    assert mesh.data_parallel_size * mesh.tensor_parallel_size == cfg.trainer.devices * cfg.trainer.num_nodes
+    mesh = cfg.trainer.strategy.init_args  # pure FSDP2 over every device: the data-parallel size follows them
+    assert (cfg.trainer.devices, mesh.data_parallel_size, mesh.tensor_parallel_size) == ("auto", "auto", 1)
+    assert cfg.global_batch_tokens == 256 * 2048 and "accumulate_grad_batches" not in open(ROOT / "recipes" / recipe).read()
     n = count_parameters(lm.config, lm.strategy, lm.block)
     with capsys.disabled():
         print(f"\n{recipe}: {n.total / 1e9:.3f}B total, {n.active / 1e9:.3f}B active ({n.summary()})")
