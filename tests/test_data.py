@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,57 @@ def test_mixing_two_prepared_folders_by_weight(prepared_data, small_corpus, tmp_
     prepare(small_corpus, other.path, third, val_fraction=0.3, segment_chars=200, chunk_tokens=256, num_workers=1)
     with pytest.raises(ValueError, match=r"mixed datasets must share one tokenizer"):
         TokenDataModule([str(prepared_data), str(third)], seq_len=16)
+
+
+def _direct_val_loss(model, data_dir: Path, block: int) -> tuple[float, int]:
+    """Token-weighted mean next-token loss of ``model`` over every block of ``data_dir``'s val split."""
+    import torch.nn.functional as F
+    from litdata import StreamingDataset, TokensLoader
+
+    ds = StreamingDataset(str(data_dir / "val"), item_loader=TokensLoader(block_size=block), shuffle=False)
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for i in range(len(ds)):
+            x = ds[i].long()[None]
+            logits = model(x[:, :-1])
+            total += F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten(), reduction="sum").item()
+            n += x.shape[1] - 1
+    return total / n, n
+
+
+def test_per_source_validation_losses_are_the_models_loss_on_each_source(prepared_data, small_corpus, tmp_path):
+    import lightning as L
+    from conftest import tiny_config
+
+    from scalevec_lit.lit.module import CausalLM
+
+    second = tmp_path / "second"
+    prepare(small_corpus, DEFAULT_TOKENIZER, second, val_fraction=0.3, segment_chars=200, chunk_tokens=256,
+            num_workers=1)
+    dm = TokenDataModule([str(prepared_data), str(second)], seq_len=32, batch_size=8)
+    assert dm.source_names == ["shakespeare", "second"]
+    model = CausalLM(tiny_config(seq_len=32), vocab_size=dm.vocab_size)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False)
+    trainer.validate(model, datamodule=dm, verbose=False)
+    got = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    model.model.eval()
+    direct = {name: _direct_val_loss(model.model, Path(d), 33) for name, d in zip(dm.source_names, dm.data_dirs)}
+    for name, (loss, _) in direct.items():
+        assert got[f"val/{name}/loss"] == pytest.approx(loss, rel=1e-5)
+        assert got[f"val/{name}/ppl"] == pytest.approx(math.exp(loss), rel=1e-5)
+    # val/loss keeps its meaning: the token-weighted mean over every validation block of every source
+    overall = sum(loss * n for loss, n in direct.values()) / sum(n for _, n in direct.values())
+    assert got["val/loss"] == pytest.approx(overall, rel=1e-5) and got["val/ppl"] == pytest.approx(math.exp(overall), rel=1e-5)
+    assert direct["shakespeare"][1] > 10 * direct["second"][1] and abs(direct["shakespeare"][0] - direct["second"][0]) > 1e-3
+    # one source: no per-source metrics; configured names replace the folder names
+    single = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                       limit_val_batches=2)
+    single.validate(CausalLM(tiny_config(seq_len=32), vocab_size=dm.vocab_size),
+                    datamodule=TokenDataModule(str(second), seq_len=32, batch_size=8), verbose=False)
+    assert sorted(single.callback_metrics) == ["val/loss", "val/ppl"]
+    assert TokenDataModule([str(prepared_data), str(second)], names=["web", "code"], seq_len=32).source_names == ["web", "code"]
+    with pytest.raises(ValueError, match=r"data.names: \['web', 'web'\]: each name must be distinct"):
+        TokenDataModule([str(prepared_data), str(second)], names=["web", "web"], seq_len=32)
+    with pytest.raises(ValueError, match=r"data.names: 1 names for 2 folders"):
+        TokenDataModule([str(prepared_data), str(second)], names=["web"], seq_len=32)

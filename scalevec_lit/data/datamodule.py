@@ -7,15 +7,48 @@ by itself (litdata issue 775).
 """
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import re
+import sys
+import time
+import warnings
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import lightning as L
 import torch
 
-from .prepare import META
+from .inputs import MANIFEST
+from .prepare import DEFAULT_OUTPUT, META
 from .tokenizer import Tokenizer
+
+
+def prepare_default_if_missing(data_dir: str, wait_s: float = 1800.0) -> bool:
+    """Prepare the embedded corpus when ``data_dir`` is its default location (``data/prepared/shakespeare``
+    under the working directory) and holds nothing yet; one line says so. Any other folder is left alone.
+    Under several processes the first local rank prepares and the others wait for its ``meta.json``."""
+    if "://" in data_dir:
+        return False
+    root = Path(data_dir)
+    if root.resolve() != (Path.cwd() / DEFAULT_OUTPUT).resolve() or (root / META).is_file():
+        return False
+    interrupted = root.is_dir() and (root / MANIFEST).is_file()  # prepare's own files, without meta.json
+    if root.exists() and (not root.is_dir() or any(root.iterdir())) and not interrupted:
+        return False  # something else is there: the usual checks say what
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        deadline = time.monotonic() + wait_s
+        while not (root / META).is_file() and time.monotonic() < deadline:
+            time.sleep(1.0)
+        return False
+    from .prepare import prepare
+
+    print(f"data.data_dir: {data_dir} is not prepared yet: preparing the embedded Shakespeare corpus there (once; "
+          f"`make prepare` does the same){'; an earlier prepare there was interrupted' if interrupted else ''}",
+          file=sys.stderr, flush=True)
+    prepare(output_dir=root, overwrite=interrupted)  # overwrite: removes only prepare's own files
+    return True
 
 
 class TokenDataModule(L.LightningDataModule):
@@ -24,7 +57,12 @@ class TokenDataModule(L.LightningDataModule):
     Args:
         data_dir: a prepared folder (``meta.json``, ``train/``, ``val/``); local path or ``s3://`` URL; or a
             list of them, mixed by ``weights`` (litdata ``CombinedStreamingDataset``; all must share a tokenizer).
+            The default location of the embedded corpus (``data/prepared/shakespeare``) is prepared here
+            when it is missing; any other missing folder stops with the prepare command to run.
         weights: sampling weights of the folders in ``data_dir`` (default: proportional to their tokens).
+        names: one name per folder of ``data_dir`` for the per-source validation metrics
+            (``val/<name>/loss``, ``val/<name>/ppl``; default: the folder names). With several folders the
+            validation split of each is its own validation loader.
         seq_len: tokens per training example (linked from ``model.config.seq_len`` by the CLI).
         batch_size: examples per device per step.
         num_workers: loader worker processes.
@@ -38,6 +76,7 @@ class TokenDataModule(L.LightningDataModule):
         self,
         data_dir: Union[str, list[str]] = "data/prepared/shakespeare",
         weights: Optional[list[float]] = None,
+        names: Optional[list[str]] = None,
         seq_len: int = 256,
         batch_size: int = 8,
         num_workers: int = 0,
@@ -62,6 +101,9 @@ class TokenDataModule(L.LightningDataModule):
         self.shuffle = shuffle
         self.seed = seed
         self.val_batches = val_batches
+        self.source_names = self._source_names(self.data_dirs, names)
+        for d in self.data_dirs:
+            prepare_default_if_missing(d)
         metas = [self._read_meta(d) for d in self.data_dirs]
         self.meta = metas[0]
         for d, m in zip(self.data_dirs[1:], metas[1:]):
@@ -105,6 +147,28 @@ class TokenDataModule(L.LightningDataModule):
         self._pending_state: Optional[dict] = None
 
     @staticmethod
+    def _source_names(data_dirs: list[str], names: Optional[list[str]]) -> list[str]:
+        """A metric-safe name per folder: ``names`` as given, else the folder names (made unique)."""
+        if names is not None:
+            names = [str(n) for n in names]
+            if len(names) != len(data_dirs):
+                raise ValueError(f"data.names: {len(names)} names for {len(data_dirs)} folders in data.data_dir; give one "
+                                 "each, e.g. --data.names '[web, code]'")
+            bad = [n for n in names if not n or not re.fullmatch(r"[\w.-]+", n)]
+            if bad or len(set(names)) != len(names):
+                raise ValueError(f"data.names: {names}: each name must be distinct and made of letters, digits, '_', "
+                                 "'.' or '-' (it becomes part of the metric val/<name>/loss); e.g. [web, code]")
+            return names
+        out: list[str] = []
+        for d in data_dirs:
+            base = re.sub(r"[^\w.-]", "_", d.rstrip("/").rsplit("/", 1)[-1]) or "data"
+            name, k = base, 2
+            while name in out:
+                name, k = f"{base}_{k}", k + 1
+            out.append(name)
+        return out
+
+    @staticmethod
     def _read_meta(data_dir: str) -> dict:
         if "://" in data_dir:  # remote: litdata reads index.json itself; meta.json next to it
             import fsspec
@@ -139,19 +203,21 @@ class TokenDataModule(L.LightningDataModule):
         """Vocabulary of the tokenizer the data was prepared with (linked to ``model.vocab_size``)."""
         return int(self.meta["vocab_size"])
 
-    def _dataset(self, split: str, shuffle: bool):
-        from litdata import CombinedStreamingDataset, StreamingDataset, TokensLoader
+    def _source(self, data_dir: str, split: str, shuffle: bool):
+        from litdata import StreamingDataset, TokensLoader
 
-        datasets = [
-            StreamingDataset(
-                input_dir=f"{d.rstrip('/')}/{split}",
-                item_loader=TokensLoader(block_size=self.seq_len + 1),
-                shuffle=shuffle,
-                drop_last=True,
-                seed=self.seed,
-            )
-            for d in self.data_dirs
-        ]
+        return StreamingDataset(
+            input_dir=f"{data_dir.rstrip('/')}/{split}",
+            item_loader=TokensLoader(block_size=self.seq_len + 1),
+            shuffle=shuffle,
+            drop_last=True,
+            seed=self.seed,
+        )
+
+    def _dataset(self, split: str, shuffle: bool):
+        from litdata import CombinedStreamingDataset
+
+        datasets = [self._source(d, split, shuffle) for d in self.data_dirs]
         if len(datasets) == 1:
             return datasets[0]
         return CombinedStreamingDataset(
@@ -174,11 +240,24 @@ class TokenDataModule(L.LightningDataModule):
         return loader
 
     def val_dataloader(self):
+        """One loader; with several folders, one per folder, in the order of ``source_names`` (the module logs
+        ``val/<name>/loss`` for each, and ``val/loss`` over all of them)."""
+        import torch.distributed as dist
         from litdata import StreamingDataLoader
 
-        return StreamingDataLoader(
-            self._dataset("val", False), batch_size=self.batch_size, num_workers=self.num_workers, drop_last=False
-        )
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+        def loader(dataset):
+            return StreamingDataLoader(dataset, batch_size=self.batch_size, num_workers=self.num_workers,
+                                       drop_last=distributed)
+
+        if len(self.data_dirs) == 1:
+            loaders = [loader(self._dataset("val", False))]
+        else:
+            loaders = [loader(self._source(d, "val", False)) for d in self.data_dirs]
+        if distributed:
+            loaders = _same_batch_count_on_every_rank(loaders)
+        return loaders[0] if len(loaders) == 1 else loaders
 
     # -- exact resume: the loader position travels in the checkpoint ---------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -192,3 +271,34 @@ class TokenDataModule(L.LightningDataModule):
             self._train_loader.load_state_dict(state)
         else:
             self._pending_state = state
+
+
+class FirstBatches:
+    """The first ``n`` batches of ``loader``, re-iterable, with a length."""
+
+    def __init__(self, loader, n: int) -> None:
+        self.loader, self.n = loader, n
+
+    def __iter__(self):
+        return itertools.islice(iter(self.loader), self.n)
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def _same_batch_count_on_every_rank(loaders: list) -> list:
+    """litdata gives the ranks of a distributed run validation shards of unequal length (e.g. 200 and 204
+    blocks); a rank that runs one validation batch more than the others waits for them forever in FSDP's
+    all-gather. Every rank therefore runs the smallest batch count of all ranks (full batches only), a
+    loss of at most a batch or two per rank of the validation split."""
+    import torch.distributed as dist
+
+    counts = [len(loader) for loader in loaders]
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, counts)
+    fewest = [min(rank[i] for rank in every) for i in range(len(loaders))]
+    if 0 in fewest:
+        warnings.warn("a validation split holds fewer blocks than data.batch_size on some rank: validation runs no "
+                      "batch there; lower data.batch_size or prepare a larger --val-fraction", stacklevel=2)
+    return [FirstBatches(loader, n) for loader, n in zip(loaders, fewest)]
+

@@ -23,7 +23,7 @@ from ..model.config import TransformerConfig
 from ..model.spec import model_spec
 from ..model.transformer import BlockFactory, Transformer, count_parameters
 from ..scale.strategy import ScaleStrategy
-from .checkpoint import check_spec
+from ..model.spec import check_spec
 from . import nonfinite as nonfinite_check
 from .nonfinite import NonFiniteGuard, supports_found_inf
 from .optim import build_param_groups, describe_groups, instantiate_optimizer
@@ -100,6 +100,9 @@ class CausalLM(L.LightningModule):
         self._flops_per_token: Optional[float] = None
         self.model: Optional[Transformer] = None
         self.val_loss = MeanMetric()
+        # per-source validation (several data folders): one metric per folder, made in setup()
+        self.val_source_loss: Optional[torch.nn.ModuleList] = None
+        self.val_source_names: list[str] = []
         self.tokens_seen = 0
         self.skipped_steps = 0
         self._t_last: Optional[float] = None
@@ -216,15 +219,23 @@ class CausalLM(L.LightningModule):
         folder = getattr(cb, "dirpath", None) or self.trainer.default_root_dir
         return os.path.join(folder, "nonfinite.ckpt")
 
-    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+    def validation_step(self, batch: torch.Tensor, batch_idx: int, dataloader_idx: int = 0) -> None:
         loss, ntok = self._loss(batch)
-        self.val_loss.update(loss, weight=ntok)
+        self.val_loss.update(loss, weight=ntok)  # val/loss: token-weighted mean over every validation batch
+        if self.val_source_loss is not None:  # several sources: one validation loader each, in name order
+            self.val_source_loss[dataloader_idx].update(loss, weight=ntok)
 
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()
         self.val_loss.reset()
         self.log("val/loss", loss, prog_bar=True, sync_dist=False)
         self.log("val/ppl", torch.exp(loss), sync_dist=False)
+        for name, metric in zip(self.val_source_names, self.val_source_loss or []):
+            if metric.update_count:
+                source_loss = metric.compute()
+                self.log(f"val/{name}/loss", source_loss, sync_dist=False)
+                self.log(f"val/{name}/ppl", torch.exp(source_loss), sync_dist=False)
+            metric.reset()
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         now = time.perf_counter()
@@ -251,6 +262,10 @@ class CausalLM(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        names = list(getattr(dm, "source_names", None) or [])
+        if len(names) > 1 and names != self.val_source_names:  # the data module gives one val loader per source
+            self.val_source_names = names
+            self.val_source_loss = torch.nn.ModuleList(MeanMetric() for _ in names)
         data_vocab = getattr(dm, "vocab_size", None)
         if data_vocab is not None and data_vocab > self.config.vocab_size:
             raise ValueError(
