@@ -4,8 +4,10 @@ folder, and a checkpoint on SIGINT/SIGTERM/SIGUSR1.
 - ``dirpath`` defaults to ``<trainer.default_root_dir>/checkpoints`` (not the logger's version folder),
   so ``--ckpt_path last`` finds the checkpoint of a killed run when it is started again, and it resumes
   from the newest complete checkpoint there, whatever its name;
-- files are written as ``<name>.tmp`` and renamed (see ``scalevec_lit.lit.checkpoint.SafeCheckpointIO``),
-  distributed (DCP) checkpoint folders likewise, so a crash while saving keeps the last good one;
+- files are written as ``<name>.tmp`` and renamed (``SafeCheckpointIO``, which the CLI installs on every
+  trainer whose strategy uses the default torch checkpoint IO, and which turns an unreadable file into a
+  ``CheckpointError`` naming it), distributed (DCP) checkpoint folders likewise (``replace_directory``),
+  so a crash while saving keeps the last good one;
 - at fit start it takes the folder's lock (``scalevec_lit/runlock.py``): a second run into a folder in use,
   or a fresh run into a folder holding an earlier run's checkpoints, is refused with the fix;
 - during training, SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (SLURM's pre-emption warning, see
@@ -13,23 +15,83 @@ folder, and a checkpoint on SIGINT/SIGTERM/SIGUSR1.
   stop the trainer (``trainer.should_stop``) and make the CLI exit with 128 + the signal number; a second
   signal stops at once, without saving. With several processes the ranks agree every
   ``stop_check_every_n_steps`` steps (one small all-reduce), so they stop at the same step.
+
+The checkpoint code of the library lives here, except two Lightning-free parts that export also uses:
+``scalevec_lit/verify.py`` (a file's zip structure and CRC32s, checked before anything reads it) and
+``check_spec`` in ``scalevec_lit/model/spec.py`` (the model stored in a checkpoint against this run's).
 """
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import signal
+import zipfile
 import threading
 from pathlib import Path
 from typing import Any, Optional
 
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from scalevec_lit.errors import notice
-from scalevec_lit.lit.checkpoint import replace_directory
 from scalevec_lit.runlock import acquire_folder, check_lineage, release_folder
+from scalevec_lit.verify import unreadable, verify_checkpoint
 
 STOP_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGUSR1")) if s is not None)
+
+
+class SafeCheckpointIO(TorchCheckpointIO):
+    """Torch checkpoints written atomically and read with a clear error."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        super().save_checkpoint(checkpoint, tmp, storage_options)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def load_checkpoint(self, path, map_location: Optional[Any] = None, weights_only: Optional[bool] = None) -> dict:
+        p = verify_checkpoint(path, full=True)
+        try:
+            return super().load_checkpoint(path, map_location=map_location, weights_only=False)
+        except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
+            raise unreadable(p, err) from err
+
+
+def replace_directory(tmp: Path, path: Path) -> None:
+    """Swap a fully written folder ``tmp`` in for ``path`` (the old one is removed only afterwards)."""
+    old = path.with_name(path.name + ".old")
+    if old.exists():
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if old.exists():
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+
+def install_checkpoint_io(trainer) -> None:
+    """Give ``trainer`` the atomic ``SafeCheckpointIO`` when its strategy uses the default torch IO."""
+    strategy = trainer.strategy
+    if type(getattr(strategy, "_checkpoint_io", None) or strategy.checkpoint_io) is TorchCheckpointIO:
+        strategy.checkpoint_io = SafeCheckpointIO()
+
+
+def lock_checkpoint_folders(trainer) -> None:
+    """Take each ``SafeModelCheckpoint`` folder's lock before Lightning writes anything (the run's config.yaml
+    in a new version folder, at setup), so that a refused second run leaves no trace; ``setup`` takes it
+    again."""
+    for cb in trainer.checkpoint_callbacks:
+        if isinstance(cb, SafeModelCheckpoint) and trainer.is_global_zero:
+            cb.lock_early(trainer)
+
+
+def stopped_by_signal(trainer) -> int:
+    """128 + the signal number when a checkpoint callback stopped the run on a signal, else 0."""
+    return max((getattr(cb, "stop_exit_code", 0) for cb in trainer.callbacks), default=0)
 
 
 class SafeModelCheckpoint(ModelCheckpoint):

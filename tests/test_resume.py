@@ -108,7 +108,7 @@ def test_stop_signal_saves_the_current_step_and_resume_is_bitwise_exact(signum, 
 
 
 def test_crash_while_saving_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    from scalevec_lit.lit.checkpoint import SafeCheckpointIO
+    from scalevec_lit.callbacks.checkpoint import SafeCheckpointIO
 
     io = SafeCheckpointIO()
     path = tmp_path / "last.ckpt"
@@ -126,7 +126,8 @@ def test_crash_while_saving_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
 
 
 def test_truncated_or_corrupt_checkpoint_names_the_file(tmp_path):
-    from scalevec_lit.lit.checkpoint import CheckpointError, SafeCheckpointIO
+    from scalevec_lit.callbacks.checkpoint import SafeCheckpointIO
+    from scalevec_lit.verify import CheckpointError
 
     io = SafeCheckpointIO()
     good = tmp_path / "step000010.ckpt"

@@ -122,16 +122,14 @@ class TransformerConfig:
             raise ValueError(f"unknown model size {name!r}; known: {', '.join(SIZES)}")
         return replace(SIZES[name], **overrides)
 
-    def flops_per_token(self, seq_len: Optional[int] = None, n_active_params: Optional[int] = None) -> float:
+    def flops_per_token(self, seq_len: Optional[int], n_active_params: int) -> float:
         """Training FLOPs per token (forward + backward): ``6 N_active + 12 L H d_head T`` (PaLM appendix B).
 
-        ``N_active`` excludes the embedding table but includes the LM head.
+        ``N_active`` excludes the embedding table but includes the LM head: pass
+        ``count_parameters(config).active_non_embedding`` (``transformer.py``; the count builds the model on
+        the meta device, which this module, below the model, does not do itself).
         """
-        from .transformer import count_parameters  # local import: the count builds on the meta device
-
         t = seq_len or self.seq_len
-        if n_active_params is None:
-            n_active_params = count_parameters(self).active_non_embedding
         return 6.0 * n_active_params + 12.0 * self.n_layer * self.n_head * self.head_dim * t
 
 

@@ -1,7 +1,8 @@
 """A model's recipe as plain data: config + strategy + block, to store in checkpoints and rebuild.
 
 ``model_spec(config, strategy, block)`` gives a JSON/YAML-able dict; ``build_from_spec(spec)`` gives
-back an equivalent ``Transformer`` (parameters freshly initialized; load a state dict into it).
+back an equivalent ``Transformer`` (parameters freshly initialized; load a state dict into it);
+``check_spec(saved, current, path)`` refuses a checkpoint written by another model.
 Classes and class factories (what jsonargparse gives for ``class_path`` + ``init_args``) are stored as
 ``{"class_path": ..., "init_args": ...}``.
 
@@ -12,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from ..scale.strategy import Placement, ScaleStrategy
+from ..verify import CheckpointError
 from .config import MoEConfig, TransformerConfig
 
 
@@ -71,3 +73,24 @@ def build_from_spec(spec: dict[str, Any]):
 
     config, strategy, block = spec_parts(spec)
     return Transformer(config, strategy, block)
+
+
+SHAPE_KEYS = ("vocab_size", "n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "intermediate_size", "moe",
+              "tie_embeddings")
+
+
+def check_spec(saved: Optional[dict], current: dict, path: Optional[str]) -> None:
+    """Raise ``CheckpointError`` when a checkpoint's model (shape, scale strategy, block) differs from this run's."""
+    if not saved:
+        return
+    diffs = []
+    for section, keys in (("config", SHAPE_KEYS), ("strategy", tuple(current.get("strategy", {})))):
+        a, b = saved.get(section, {}), current.get(section, {})
+        diffs += [f"{section}.{k}: checkpoint {a.get(k)!r}, this run {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
+    if saved.get("block") != current.get("block"):
+        diffs.append(f"block: checkpoint {saved.get('block')}, this run {current.get('block')}")
+    if diffs:
+        raise CheckpointError(
+            f"checkpoint {path or '?'} was written by another model: " + "; ".join(diffs)
+            + ". Resume with the recipe that wrote it (config.yaml in its run folder) or start afresh"
+        )
