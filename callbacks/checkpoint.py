@@ -38,6 +38,8 @@ from scalevec_lit.errors import notice
 from scalevec_lit.runlock import acquire_folder, check_lineage, release_folder
 from scalevec_lit.verify import unreadable, verify_checkpoint
 
+__all__ = ["SafeModelCheckpoint", "SafeCheckpointIO"]
+
 STOP_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGUSR1")) if s is not None)
 
 

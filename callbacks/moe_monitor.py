@@ -16,6 +16,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+__all__ = ["MoELoadMonitor"]
+
 #: Scalars of ``last_load_stats`` reduced as means over ranks (besides the per-expert ``fraction``).
 _MEAN_STATS = ("router_entropy", "router_entropy_norm", "aux_loss", "z_loss")
 

@@ -34,7 +34,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from scalevec_lit.scale.registry import scale_parameters
+from scalevec_lit.scale.registry import DECAYED_BY, MATRIX, scale_parameters
+
+__all__ = ["RoleWeightDecay"]
 
 ROLES = ("input", "output")
 KNOWN_PARTS = ("scale", "magnitude", "direction")
@@ -63,9 +65,6 @@ class RoleWeightDecay(Callback):
         role_weight_decay: per-role λ overriding the preset (``{input: 0.1, output: 0.0}``).
         part_weight_decay: per-part λ (``scale``, ``magnitude``, ``direction``) for decayed roles.
     """
-
-    #: read by ``CausalLM.on_fit_start``: with this callback present, scale decay is a stated choice
-    decays_scale_vectors = True
 
     def __init__(
         self,
@@ -107,7 +106,7 @@ class RoleWeightDecay(Callback):
     @staticmethod
     def matrix_weight_decay(optimizer: torch.optim.Optimizer) -> Optional[float]:
         for group in optimizer.param_groups:
-            if group.get("kind") == "matrix":
+            if group.get("kind") == MATRIX:
                 return float(group.get("weight_decay", 0.0))
         return None
 
@@ -148,6 +147,7 @@ class RoleWeightDecay(Callback):
             if gi is None:  # frozen or not optimized by this optimizer
                 continue
             scale_groups.add(gi)
+            groups[gi][DECAYED_BY] = type(self).__name__  # the module reads this from its own groups
             wd = self.scale_decay(sp.info.role, sp.info.part, lam)
             if wd:
                 by_key.setdefault((gi, wd), []).append(sp.param)

@@ -1,16 +1,13 @@
-"""Shared fixtures: the embedded corpus prepared once per session, tiny configs, a CLI runner."""
+"""Shared fixtures: the embedded corpus prepared once per session, a seed per test, one intra-op thread
+for files that ask for it, and the bad-input ``world`` (helpers: ``tests/helpers.py``)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PYTHONHASHSEED", "0")
+from helpers import ROOT, file_hashes
 
 
 @pytest.fixture(scope="session")
@@ -23,68 +20,40 @@ def prepared_data(tmp_path_factory) -> Path:
     return out
 
 
-def tiny_config(**overrides):
-    from scalevec_lit.model import TransformerConfig
-
-    base = dict(vocab_size=4096, seq_len=32, n_layer=2, n_embd=64, n_head=4, n_kv_head=2)
-    base.update(overrides)
-    return TransformerConfig(**base)
-
-
-def run_cli(args: list[str], cwd: Path, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m scalevec_lit <args>`` in a subprocess from ``cwd`` (the repository on PYTHONPATH)."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "scalevec_lit", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-        env=full_env,
-    )
-
-
-def smoke_args(data_dir: Path, root: Path, steps: int = 20, *extra: str) -> list[str]:
-    """fit arguments for a short smoke run writing under ``root``."""
-    return [
-        "fit", "--config", str(ROOT / "recipes" / "smoke.yaml"),
-        f"--data.data_dir={data_dir}", f"--trainer.max_steps={steps}",
-        f"--trainer.default_root_dir={root}", f"--trainer.logger.init_args.save_dir={root}",
-        "--trainer.val_check_interval=10", "--trainer.limit_val_batches=2",
-        "--model.schedule.init_args.warmup_steps=2", "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false", *extra,
-    ]
-
-
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
     yield
 
 
-def print_config(*args: str) -> str:
-    """In-process ``python -m scalevec_lit fit <args> --print_config``: the resolved YAML (no instantiation)."""
-    import contextlib
-    import io
-
-    from scalevec_lit.cli import main
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit) as exit_info:
-        main(["fit", *args, "--print_config"])
-    assert exit_info.value.code in (0, None), buf.getvalue()
-    return buf.getvalue()
+@pytest.fixture()
+def one_thread():
+    """Tiny models on a 2-core CPU shared with other jobs: one intra-op thread avoids oversubscription
+    (a file opts in with ``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
-def module_from_config(yaml_text: str):
-    """Instantiate the ``model:`` section of a resolved recipe as a ``CausalLM`` (model not yet built)."""
-    import yaml
-    from jsonargparse import ArgumentParser
+@pytest.fixture()
+def world(tmp_path, prepared_data):
+    """The files a run may read but never change: this test's inputs, the prepared data, the recipes
+    (``helpers.check`` asserts they are unchanged); a run writes under ``world.path / "out"``."""
+    roots = (tmp_path, prepared_data, ROOT / "recipes", ROOT / "scalevec_lit" / "data" / "corpus")
+    out = tmp_path / "out"
 
-    from scalevec_lit.lit.module import CausalLM
+    class World:
+        path = tmp_path
+        data = prepared_data
 
-    model_section = yaml.safe_load(yaml_text)["model"]
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_class_arguments(CausalLM, "model")
-    cfg = parser.parse_object({"model": model_section})
-    return parser.instantiate(cfg).model
+        def __init__(self):
+            self.before = None
 
+        def freeze(self):
+            self.before = file_hashes(*roots, exclude=(out,))
 
-def recipe(*parts: str) -> str:
-    return str(ROOT / "recipes" / Path(*parts))
+        def unchanged(self):
+            assert file_hashes(*roots, exclude=(out,)) == self.before
+
+    return World()

@@ -7,7 +7,6 @@ and stderr end to end. The cases of ``prepare`` are in ``test_bad_prepare.py``.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -17,75 +16,7 @@ import torch
 
 import scalevec_lit.cli  # noqa: F401 - imports Lightning before any test captures stderr: the log handler it
 #                          installs must not keep a per-test stream that is closed afterwards
-from conftest import ROOT, recipe, run_cli, smoke_args
-
-SMOKE = recipe("smoke.yaml")
-
-
-def _hashes(*roots: Path, exclude: tuple[Path, ...] = ()) -> dict[str, str]:
-    out = {}
-    for root in roots:
-        for p in sorted(Path(root).rglob("*")):
-            if p.is_file() and not any(p == e or e in p.parents for e in exclude):
-                out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
-
-
-@pytest.fixture()
-def world(tmp_path, prepared_data):
-    """The files a run may read but never change: this test's inputs, the prepared data, the recipes."""
-    roots = (tmp_path, prepared_data, ROOT / "recipes", ROOT / "scalevec_lit" / "data" / "corpus")
-    out = tmp_path / "out"
-
-    class World:
-        path = tmp_path
-        data = prepared_data
-
-        def __init__(self):
-            self.before = None
-
-        def freeze(self):
-            self.before = _hashes(*roots, exclude=(out,))
-
-        def unchanged(self):
-            assert _hashes(*roots, exclude=(out,)) == self.before
-
-    return World()
-
-
-def _main(capfd, args: list[str]) -> tuple[int, str]:
-    from scalevec_lit.cli import main
-
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    out, err = capfd.readouterr()
-    return code, out + err
-
-
-def check(world, capfd, args: list, code: int, *parts: str) -> str:
-    """Run ``args``; assert the exit code, one ``error:`` paragraph holding ``parts``, no traceback, no change."""
-    if world.before is None:
-        world.freeze()
-    got, text = _main(capfd, args)
-    assert "Traceback" not in text, text[-3000:]
-    assert got == code, (got, text[-3000:])
-    if code:
-        errors = [line for line in text.splitlines() if line.startswith("error: ")]
-        assert len(errors) == 1, text[-3000:]
-        for part in parts:
-            assert part in errors[0], (part, errors[0])
-    else:
-        for part in parts:
-            assert part in text, (part, text[-3000:])
-    world.unchanged()
-    return text
-
-
-def fit(world, *extra) -> list:
-    return smoke_args(world.data, world.path / "out", 2, "--trainer.limit_val_batches=0", *extra)
+from helpers import ROOT, SMOKE, check, fit, recipe, run_cli, smoke_args
 
 
 # -- the command line and the recipe (exit 2) ---------------------------------------------------------

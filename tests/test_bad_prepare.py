@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_bad_input import SMOKE, check, world  # noqa: F401 - world is a fixture
+from helpers import SMOKE, check
 
 
 # -- prepare ----------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from conftest import ROOT, run_cli, smoke_args, tiny_config
+from helpers import ROOT, run_cli, smoke_args, tiny_config
 from scalevec_lit.callbacks import RoleWeightDecay, ScaleVectorMonitor
 from scalevec_lit.callbacks.scale_monitor import scale_consumers, tensor_statistics
 from scalevec_lit.lit.module import CausalLM
@@ -27,13 +27,7 @@ from scalevec_lit.scale.sites import ScaleInfo, ScaleSite
 from scalevec_lit.scale.strategy import ScaleStrategy
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models on a 2-core CPU shared with other jobs: one intra-op thread avoids oversubscription."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 QK_NORM = dict(vector=PlainScale, branch_specific=False, placement=dict(q="dual_norm", k="dual_norm"),
@@ -439,3 +433,29 @@ def test_monitor_drift_follows_the_conservation_law_of_the_model_itself(vector):
         assert drift < 0.05 * moved, (base, drift, float(moved))  # ...the conserved quantity did not
         checked.add(base)
     assert len(checked) == 2 * 5 + 1  # q, k, v, gate, up per layer and the head
+
+
+def test_callbacks_load_from_a_plain_checkout_without_a_table(tmp_path):
+    """``scalevec_lit.callbacks.X`` from the repository on PYTHONPATH alone (the editable install's finder
+    removed): every name a module of ``callbacks/`` lists in ``__all__``, and nothing else."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "import scalevec_lit.callbacks as c\n"
+        "print(c.__file__)\n"
+        "print(' '.join(dir(c)))\n"
+        "print(c.RoleWeightDecay.__module__)\n"
+        "try:\n    c.NoSuchCallback\nexcept AttributeError as e:\n    print('refused:', e)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    path, names, module, refused = res.stdout.splitlines()
+    assert path == str(ROOT / "callbacks" / "__init__.py")
+    assert names.split() == ["MoELoadMonitor", "RoleWeightDecay", "SafeCheckpointIO", "SafeModelCheckpoint",
+                             "ScaleSnapshot", "ScaleVectorMonitor"]
+    assert module == "scalevec_lit.callbacks.role_decay"
+    assert refused == "refused: module 'scalevec_lit.callbacks' has no attribute 'NoSuchCallback'"

@@ -8,19 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, print_config, recipe, run_cli, smoke_args
-
-
-def scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    out: dict[str, list] = {}
-    for events in sorted(logdir.rglob("events.out.tfevents.*")):
-        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
-    return out
+from helpers import ROOT, print_config, recipe, run_cli, smoke_args
 
 
 def test_smoke_fit_end_to_end(prepared_data, tmp_path):
@@ -98,7 +86,7 @@ def test_missing_data_folder_stops_with_the_fix(tmp_path):
 def test_model_vocab_smaller_than_tokenizer_is_refused(prepared_data, tmp_path):
     import lightning as L
 
-    from conftest import tiny_config
+    from helpers import tiny_config
     from scalevec_lit.data.datamodule import TokenDataModule
     from scalevec_lit.lit.module import CausalLM
 

@@ -164,7 +164,7 @@ def _direct_val_loss(model, data_dir: Path, block: int) -> tuple[float, int]:
 
 def test_per_source_validation_losses_are_the_models_loss_on_each_source(prepared_data, small_corpus, tmp_path):
     import lightning as L
-    from conftest import tiny_config
+    from helpers import tiny_config
 
     from scalevec_lit.lit.module import CausalLM
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from conftest import ROOT, recipe, run_cli, smoke_args, tiny_config
+from helpers import ROOT, recipe, run_cli, smoke_args, tiny_config
 
 STEPS, GLOBAL_BATCH = 20, 8
 # Compared in float64. Two ranks sum gradients in another order than one process (and the thread count,
@@ -122,7 +122,7 @@ def _fsdp_args(data, root, steps, *extra):
 
 
 def test_cli_fsdp2_distributed_checkpoint_and_resume(prepared_data, tmp_path):
-    from test_cli import scalars
+    from helpers import scalars
 
     env = {"OMP_NUM_THREADS": "1"}
     a, b = tmp_path / "a", tmp_path / "b"

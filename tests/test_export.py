@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import ROOT, run_cli, smoke_args, tiny_config
+from helpers import ROOT, run_cli, smoke_args, tiny_config
 from scalevec_lit.export import (
     ExportError,
     HFExportError,

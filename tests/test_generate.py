@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import ROOT, run_cli, tiny_config
+from helpers import ROOT, run_cli, tiny_config
 from scalevec_lit.data.tokenizer import DEFAULT_TOKENIZER, Tokenizer
 from scalevec_lit.generate import Sampling, TextStream, generate, load_for_generation, next_token
 from scalevec_lit.model.spec import build_from_spec

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from helpers import ROOT, run_cli
 
 from scalevec_lit.errors import UserError
 from scalevec_lit.lit.batch import data_parallel_size, resolve_global_batch
@@ -102,7 +102,7 @@ def _free_port() -> int:
 
 
 def _curve(recipe_root: Path, name: str) -> dict[str, dict[int, float]]:
-    from test_cli import scalars
+    from helpers import scalars
 
     (version,) = (recipe_root / name).glob("version_*")
     return {tag: dict(values) for tag, values in scalars(version).items()}

@@ -5,7 +5,7 @@ import json
 import os
 import subprocess
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def test_gpu_check_dry_run_on_cpu(tmp_path):

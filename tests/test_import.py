@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ROOT
+from helpers import ROOT
 from scalevec_lit.data.tokenizer import DEFAULT_TOKENIZER
 from scalevec_lit.errors import UserError
 from scalevec_lit.export import hf_layout, load_model, write_safetensors

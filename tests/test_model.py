@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, module_from_config, print_config, recipe, tiny_config
+from helpers import ROOT, module_from_config, print_config, recipe, tiny_config
 from scalevec_lit.model import SIZES, Block, ParallelBlock, Transformer, TransformerConfig, count_parameters
 from scalevec_lit.scale import ScaleStrategy
 

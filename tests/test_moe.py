@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from conftest import ROOT, run_cli, tiny_config
+from helpers import ROOT, run_cli, tiny_config
 from scalevec_lit.model import MoEConfig, SwiGLU, Transformer, count_parameters
 from scalevec_lit.model.moe import MoE, load_balancing_loss, route, router_z_loss
 from scalevec_lit.model.spec import import_object

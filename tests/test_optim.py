@@ -10,19 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import ROOT, run_cli, smoke_args, tiny_config
+from helpers import ROOT, run_cli, smoke_args, tiny_config
 from scalevec_lit.lit.optim import MuonAdamW, build_param_groups, describe_groups, instantiate_optimizer
 from scalevec_lit.model.transformer import Transformer
 
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models on a 2-core CPU shared with other jobs: one intra-op thread avoids oversubscription."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def _model() -> Transformer:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, recipe, run_cli, smoke_args
-from test_cli import scalars
+from helpers import ROOT, recipe, run_cli, smoke_args
+from helpers import scalars
 
 N = 10  # checkpoint interval; runs go to 2N
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from conftest import ROOT, module_from_config, print_config, recipe, smoke_args, tiny_config
+from helpers import ROOT, module_from_config, print_config, recipe, smoke_args, tiny_config
 from scalevec_lit.model import SIZES, Transformer, count_parameters
 from scalevec_lit.scale import (
     INPUT, OUTPUT, ExpMagnitudeDirectionScale, MagnitudeDirectionScale, NoScale, PlainScale, ScaleStrategy,
@@ -97,7 +97,7 @@ def test_bad_vector_is_refused():
 
 # -- roles ---------------------------------------------------------------------------------------
 def expected_role(site: str, branch: str, placement: dict) -> str:
-    """The absorbability rule of SCALE_VECTORS.md §1/§3b, written independently of the sites' code."""
+    """The absorbability rule of docs/PAPER.md §1/§3b, written independently of the sites' code."""
     if site in ("attn_input", "mlp_input", "final"):
         return INPUT  # the next linear map absorbs γ: W (γ ⊙ x̂) = (W diag γ) x̂
     if site in ("attn_output", "mlp_output"):

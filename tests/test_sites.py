@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_config
+from helpers import tiny_config
 from scalevec_lit.model import Transformer
 from scalevec_lit.model.config import MoEConfig
 from scalevec_lit.model.rope import rope_tables

@@ -1,4 +1,4 @@
-"""The paper's optimization claims on a toy linear-after-norm problem (SCALE_VECTORS.md §2).
+"""The paper's optimization claims on a toy linear-after-norm problem (docs/PAPER.md §2).
 
 ``y = W (γ ⊙ x̂)`` with ``x̂`` RMS-normalized inputs, squared loss, plain gradient descent on (W, γ).
 For the merged column ``w̃_j = γ_j w_j`` gradient flow gives ``dw̃_j/dt = −P_j ∇_{w̃_j} L`` with

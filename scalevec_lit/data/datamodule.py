@@ -1,9 +1,9 @@
 """TokenDataModule: streams prepared token chunks with litdata (StreamingDataset + TokensLoader).
 
 Blocks are ``seq_len + 1`` tokens (inputs and shifted targets). The training loader's position is part
-of the module's ``state_dict`` (saved in every checkpoint and restored on resume, see
-``scalevec_lit/lit/module.py``), because Lightning does not always restore a ``StreamingDataLoader``
-by itself (litdata issue 775).
+of this data module's ``state_dict`` (``state_dict``/``load_state_dict`` below: Lightning saves a data
+module's state in every checkpoint and hands it back on resume), because Lightning does not always
+restore a ``StreamingDataLoader`` by itself (litdata issue 775).
 """
 from __future__ import annotations
 

@@ -282,7 +282,11 @@ class CausalLM(L.LightningModule):
         if self.peak_tflops is None and self.device.type == "cuda":
             name = torch.cuda.get_device_name(self.device)
             self.peak_tflops = next((v for k, v in DATASHEET_BF16_TFLOPS.items() if k in name), None)
-        if not any(getattr(cb, "decays_scale_vectors", False) for cb in self.trainer.callbacks):
+        from ..scale.registry import DECAYED_BY, SCALE
+
+        undecayed = [g for opt in self.trainer.optimizers for g in opt.param_groups
+                     if g.get("kind") == SCALE and not g.get(DECAYED_BY)]  # a callback marks the groups it decays
+        if undecayed:
             rank_zero_warn(
                 "scale vectors are not decayed: no scalevec_lit.callbacks.RoleWeightDecay among the callbacks "
                 "and the optimizer's weight decay is off for them (add --trainer.callbacks+=RoleWeightDecay)"

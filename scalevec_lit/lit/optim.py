@@ -17,9 +17,9 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 from torch import nn
 
-from ..scale.registry import scale_parameters
+from ..scale.registry import GROUP_KINDS, scale_parameters
 
-KINDS = ("matrix", "embedding", "head", "vector", "scale")
+KINDS = GROUP_KINDS  # matrix, embedding, head, vector, scale (names shared with callbacks: scale/registry.py)
 
 #: Defaults; ``model.param_groups`` overrides per kind. ``None`` weight decay = the optimizer's own.
 DEFAULT_GROUP_OPTIONS: dict[str, dict[str, Any]] = {

@@ -14,6 +14,12 @@ from ..scale.strategy import ScaleStrategy
 from .config import TransformerConfig
 
 
+def swiglu(gate: torch.Tensor, up: torch.Tensor, down) -> torch.Tensor:
+    """``down(silu(gate) ⊙ up)``: the product of the dense MLP, the routed experts (``down`` a grouped
+    matmul) and the shared experts of an MoE layer."""
+    return down(F.silu(gate) * up)
+
+
 class SwiGLU(nn.Module):
     """The MLP sublayer of a Pre-Norm block, norm included; returns the residual-branch output.
 
@@ -46,5 +52,5 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g, u = self.input(x)
-        y = self.down(F.silu(g) * u)
+        y = swiglu(g, u, self.down)
         return y if self.out_norm is None else self.out_norm(y)

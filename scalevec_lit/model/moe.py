@@ -1,7 +1,8 @@
 """Mixture-of-experts MLP: token-choice top-k router, SwiGLU experts computed per expert, balancing.
 
-Lives here: ``MoE`` (the MLP sublayer of a block when ``config.moe`` is set), its routing and loss
-functions (``route``, ``load_balancing_loss``, ``router_z_loss``) and the grouped expert matmul. The
+Lives here: ``MoE`` (the MLP sublayer of a block when ``config.moe`` is set). Its routing and losses
+are ``routing.py`` (``route``, ``load_balancing_loss``, ``router_z_loss``), the grouped expert matmul is
+``experts.py``, and the SwiGLU product of routed and shared experts is the dense MLP's (``mlp.swiglu``). The
 MLP-input norm with every map that reads it (router, routed experts, shared experts) and their scales
 is one ``NormSite`` (``scalevec_lit.scale``); this module holds no scale or placement logic. Dropless: every token goes to its top-k experts, whatever
 the load. Expert compute sorts the (token, expert) pairs by expert and runs one matmul per expert
@@ -13,92 +14,19 @@ Plain torch only: must not import Lightning.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..scale.sites import Branch, NormSite, OutputNorm
 from ..scale.strategy import ScaleStrategy
 from .config import TransformerConfig
+from .experts import _in_backward, expert_matmul
+from .mlp import swiglu
+from .routing import Routing, load_balancing_loss, route, router_z_loss
 
-
-# -- routing and losses (pure functions) -------------------------------------------------------------
-@dataclass
-class Routing:
-    logits: torch.Tensor  # [N, E] router logits, fp32
-    probs: torch.Tensor  # [N, E] routing distribution: softmax, or sigmoid scores normalized to sum 1
-    experts: torch.Tensor  # [N, k] selected experts (chosen on scores + bias)
-    weights: torch.Tensor  # [N, k] combine weights (scores of the selected experts, never the bias), fp32
-
-
-def route(
-    logits: torch.Tensor, top_k: int, score: str = "softmax", bias: Optional[torch.Tensor] = None,
-    normalize: bool = True,
-) -> Routing:
-    """Token-choice top-k. ``bias`` (aux-loss-free balancing) shifts the selection only."""
-    logits = logits.float()
-    scores = logits.softmax(-1) if score == "softmax" else torch.sigmoid(logits)
-    select = scores if bias is None else scores + bias.to(scores)
-    experts = select.topk(top_k, dim=-1).indices
-    weights = scores.gather(-1, experts)
-    if normalize:
-        weights = weights / weights.sum(-1, keepdim=True).clamp_min(1e-20)
-    probs = scores if score == "softmax" else scores / scores.sum(-1, keepdim=True).clamp_min(1e-20)
-    return Routing(logits, probs, experts, weights)
-
-
-def load_balancing_loss(probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Switch/GShard balance loss ``E Σ_i f_i P_i`` (1 at a uniform load, up to E/k when collapsed).
-
-    ``f_i`` = share of the N·k (token, expert) assignments that went to expert i (no gradient),
-    ``P_i`` = mean routing probability of expert i over the N tokens (the gradient path).
-    """
-    num_experts = probs.shape[-1]
-    f = counts.to(probs.dtype) / counts.sum().clamp_min(1)
-    return num_experts * (f * probs.mean(0)).sum()
-
-
-def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
-    """ST-MoE router z-loss: mean over tokens of ``logsumexp(logits)²``."""
-    return torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
-
-
-def _in_backward() -> bool:
-    """True while the autograd engine runs (an activation-checkpoint recompute)."""
-    task = getattr(torch._C, "_current_graph_task_id", None)
-    return task is not None and task() != -1
-
-
-# -- expert matmul --------------------------------------------------------------------------------------
-def _grouped_mm_runs(x: torch.Tensor, w: torch.Tensor) -> bool:
-    # eager runs fp32/bf16/fp16; the compiled (meta) kernel of torch 2.13 accepts bf16 only
-    dtypes = (torch.bfloat16,) if torch.compiler.is_compiling() else (torch.float32, torch.bfloat16, torch.float16)
-    ok_dtype = x.dtype in dtypes and w.dtype == x.dtype
-    align = 16 // x.element_size()
-    return hasattr(torch, "_grouped_mm") and ok_dtype and x.shape[-1] % align == 0 and w.shape[1] % align == 0
-
-
-def expert_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, mode: str = "auto") -> torch.Tensor:
-    """Rows of ``x`` [M, in] grouped by expert (``counts`` [E] rows each, in order) times ``w`` [E, out, in]ᵀ.
-
-    ``grouped_mm`` is one kernel without a host sync; ``loop`` is one matmul per expert (reads the
-    counts on the host). ``auto`` takes grouped_mm where it runs.
-    """
-    if mode == "grouped_mm" or (mode == "auto" and _grouped_mm_runs(x, w)):
-        offs = counts.cumsum(0).to(torch.int32)
-        y = torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
-        if y.requires_grad:  # its backward refuses stride-0 (expanded) gradients
-            y.register_hook(lambda g: g.contiguous())
-        return y
-    out, start = [], 0
-    for e, n in enumerate(counts.tolist()):
-        if n:
-            out.append(x[start : start + n] @ w[e].transpose(0, 1))
-            start += n
-    return torch.cat(out) if out else x.new_zeros(0, w.shape[1])
+__all__ = ["MoE", "Routing", "expert_matmul", "load_balancing_loss", "route", "router_z_loss"]
 
 
 # -- the MoE sublayer ------------------------------------------------------------------------------------
@@ -198,7 +126,7 @@ class MoE(nn.Module):
         y_pairs = y_sorted[inverse].view(n, k, -1)  # back to (token, slot) order: a gather, no atomics
         y = torch.einsum("nkd,nk->nd", y_pairs, r.weights.to(y_pairs.dtype))
         if self.shared_down is not None:
-            y = y + self.shared_down(F.silu(outs["shared_gate"]) * outs["shared_up"]).to(y.dtype)
+            y = y + swiglu(outs["shared_gate"], outs["shared_up"], self.shared_down).to(y.dtype)
         if self.out_norm is not None:
             y = self.out_norm(y)
         self._record(r, counts)
@@ -213,7 +141,7 @@ class MoE(nn.Module):
         mm = lambda a, w: expert_matmul(a, w, counts, self.matmul_mode)  # noqa: E731
         hg = self.input.expert_output("gate", mm(xs_g, wg))
         hu = self.input.expert_output("up", mm(xs_u, wu))
-        return mm(F.silu(hg) * hu, wd)
+        return swiglu(hg, hu, lambda h: mm(h, wd))
 
     # -- balancing and statistics -----------------------------------------------------------------------
     @torch.no_grad()

@@ -17,6 +17,15 @@ from .sites import Consumer, ScaleInfo, ScaleSite
 from .vector import ScaleVector
 
 
+#: The kinds of optimizer parameter groups. ``scalevec_lit.lit.optim.build_param_groups`` makes one group per
+#: kind, each dict carrying ``kind`` (and ``name``); callbacks that act on groups read the names from here.
+#: A callback that decays the ``scale`` groups itself marks each such group ``group[DECAYED_BY] = <its name>``,
+#: so that the module can tell, from its own groups, whether anything decays scale vectors.
+MATRIX, EMBEDDING, HEAD, VECTOR, SCALE = "matrix", "embedding", "head", "vector", "scale"
+GROUP_KINDS = (MATRIX, EMBEDDING, HEAD, VECTOR, SCALE)
+DECAYED_BY = "scale_decay_by"
+
+
 @dataclass(frozen=True)
 class ScaleParam:
     info: ScaleInfo

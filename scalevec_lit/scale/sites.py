@@ -18,7 +18,7 @@ any other is ``output`` role. Plain torch only: must not import Lightning or ``s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, NamedTuple, Optional, Sequence
 
 import torch
 from torch import nn
@@ -29,7 +29,39 @@ from .vector import ScaleVector
 
 INPUT, OUTPUT = "input", "output"
 
-__all__ = ["Branch", "Consumer", "INPUT", "NormSite", "OUTPUT", "OutputNorm", "ScaleInfo", "ScaleSite", "rms_norm"]
+__all__ = ["Branch", "Consumer", "INPUT", "NormSite", "OUTPUT", "OutputNorm", "ScaleInfo", "ScaleSite", "ScaleTag", "TAG_PREFIX",
+           "layer_label", "parse_scale_tag", "rms_norm", "scale_tag"]
+
+
+#: every tag of ``ScaleVectorMonitor`` is ``scale/<role>/<site>/<branch>/<layer>/<part>/<stat>`` (``scale_tag``);
+#: readers of event files (``scalevec_lit.study``) take it apart with ``parse_scale_tag``, never by position
+TAG_PREFIX = "scale"
+
+
+class ScaleTag(NamedTuple):
+    role: str
+    site: str
+    branch: str
+    layer: str  # layer00, ..., final
+    part: str  # scale, magnitude, direction; gamma (effective γ), precond (preconditioner figures)
+    stat: str  # mean, std, min, max; min_gamma_sq, drift_mean, ...
+
+
+def scale_tag(info: "ScaleInfo", stat: str) -> str:
+    return f"{TAG_PREFIX}/{info.tag}/{stat}"
+
+
+def parse_scale_tag(tag: str) -> Optional[ScaleTag]:
+    """The parts of a monitor tag, or None for any other tag (a histogram or heatmap tag, ``train/loss``)."""
+    parts = tag.split("/")
+    if len(parts) != 7 or parts[0] != TAG_PREFIX:
+        return None
+    return ScaleTag(*parts[1:])
+
+
+def layer_label(layer: int) -> str:
+    """The layer's name in tags and figures: ``layer00``, ``layer01``, ... and ``final`` (layer −1)."""
+    return "final" if layer < 0 else f"layer{layer:02d}"
 
 
 @dataclass(frozen=True)
@@ -44,8 +76,7 @@ class ScaleInfo:
 
     @property
     def tag(self) -> str:
-        layer = "final" if self.layer < 0 else f"layer{self.layer:02d}"
-        return f"{self.role}/{self.site}/{self.branch}/{layer}/{self.part}"
+        return f"{self.role}/{self.site}/{self.branch}/{layer_label(self.layer)}/{self.part}"
 
 
 @dataclass(frozen=True)

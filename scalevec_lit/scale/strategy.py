@@ -21,7 +21,7 @@ OUTPUT_SHAPES: tuple[str, ...] = get_args(OutputShape)
 BRANCHES: tuple[str, ...] = ("q", "k", "v", "gate", "up", "router")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Placement:
     """Where the scales sit around each projection that reads a normalized input.
 
@@ -68,7 +68,7 @@ def normalizes(placement: str) -> bool:
     return placement == NORMALIZED_PLACEMENT
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScaleStrategy:
     """Every scale-vector choice of a model, in one place.
 
@@ -95,8 +95,8 @@ class ScaleStrategy:
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        if isinstance(self.placement, dict):
-            self.placement = Placement(**self.placement)
+        if isinstance(self.placement, dict):  # frozen: a strategy is a value (safe as a shared default)
+            object.__setattr__(self, "placement", Placement(**self.placement))
         if self.output_shape not in OUTPUT_SHAPES:
             raise ValueError(
                 f"model.strategy.output_shape: {self.output_shape!r} is not one of {', '.join(OUTPUT_SHAPES)}"

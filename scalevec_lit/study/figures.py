@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
+from ..scale.sites import TAG_PREFIX, parse_scale_tag
 from .events import read_scalars
 from .spec import fmt_lr
 
@@ -121,8 +122,19 @@ def plot_paired(rows: list[dict], path: Path, title: str) -> None:
 
 
 def _site_key(tag: str) -> str:
-    """``scale/<role>/<site>/<branch>/<layer>/...`` -> ``<role>/<site>/<branch>`` (layers share a panel)."""
-    return "/".join(tag.split("/")[1:4])
+    """A monitor tag -> ``<role>/<site>/<branch>`` (the layers of a site share a panel)."""
+    t = parse_scale_tag(tag)
+    return f"{t.role}/{t.site}/{t.branch}"
+
+
+def _dynamics_tags(tags: list[str]) -> list[str]:
+    """The mean effective γ of every vector: ``gamma/mean`` where the monitor logs it (a parameterization whose
+    γ is not its one parameter), else the mean of the plain ``scale`` part."""
+    parsed = {t: parse_scale_tag(t) for t in tags}
+    parsed = {t: p for t, p in parsed.items() if p is not None and p.stat == "mean"}
+    derived = {(p.role, p.site, p.branch, p.layer) for p in parsed.values() if p.part == "gamma"}
+    return [t for t, p in parsed.items()
+            if p.part == "gamma" or (p.part == "scale" and (p.role, p.site, p.branch, p.layer) not in derived)]
 
 
 def plot_dynamics(roots: dict[str, list[Path]], path: Path) -> Optional[str]:
@@ -131,14 +143,11 @@ def plot_dynamics(roots: dict[str, list[Path]], path: Path) -> Optional[str]:
 
     data = {}
     for n, rs in roots.items():
-        per_seed = [read_scalars(r, ("scale/",)) for r in rs]
+        per_seed = [read_scalars(r, (TAG_PREFIX + "/",)) for r in rs]
         if not per_seed:
             continue
         tags = sorted(set.intersection(*(set(t) for t in per_seed)))
-        wanted = [t for t in tags if t.endswith("/gamma/mean")]
-        wanted_roots = {t[: -len("/gamma/mean")] for t in wanted}
-        wanted += [t for t in tags if t.endswith("/mean") and "/precond/" not in t and "/gamma/" not in t
-                   and t.rsplit("/", 2)[0] not in wanted_roots and t.split("/")[-2] == "scale"]
+        wanted = _dynamics_tags(tags)
         series = {}
         for t in wanted:
             steps = sorted(set.intersection(*(set(dict(s[t])) for s in per_seed)))

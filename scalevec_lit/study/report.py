@@ -326,7 +326,7 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
     if figs_paired:
         plot_paired(figs_paired, out / "paired.png", title)
         L += ["Paired differences of the primary comparisons:", "", "![paired differences](paired.png)", ""]
-    dyn_names = study.dynamics or [base, "unified"]
+    dyn_names = study.dynamics or [base] + [v for v in grid.order if v != base][-1:]  # default: reference and the last variant
     dyn = plot_dynamics({n: dyn_roots[n] for n in dyn_names if dyn_roots.get(n)}, out / "scale_dynamics.png")
     if dyn:
         L += [f"Scale-vector dynamics (`ScaleVectorMonitor`, mean effective γ per layer and site, mean over seeds) "

@@ -1,0 +1,139 @@
+"""Helpers shared by the test files (plain functions and constants; the fixtures are in ``conftest.py``).
+
+Test files import them as ``from helpers import ...`` (pytest puts ``tests/`` on ``sys.path``).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("PYTHONHASHSEED", "0")
+
+
+def recipe(*parts: str) -> str:
+    return str(ROOT / "recipes" / Path(*parts))
+
+
+SMOKE = recipe("smoke.yaml")
+
+def tiny_config(**overrides):
+    from scalevec_lit.model import TransformerConfig
+
+    base = dict(vocab_size=4096, seq_len=32, n_layer=2, n_embd=64, n_head=4, n_kv_head=2)
+    base.update(overrides)
+    return TransformerConfig(**base)
+
+
+def run_cli(args: list[str], cwd: Path, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m scalevec_lit <args>`` in a subprocess from ``cwd`` (the repository on PYTHONPATH)."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "scalevec_lit", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env=full_env,
+    )
+
+
+def smoke_args(data_dir: Path, root: Path, steps: int = 20, *extra: str) -> list[str]:
+    """fit arguments for a short smoke run writing under ``root``."""
+    return [
+        "fit", "--config", str(ROOT / "recipes" / "smoke.yaml"),
+        f"--data.data_dir={data_dir}", f"--trainer.max_steps={steps}",
+        f"--trainer.default_root_dir={root}", f"--trainer.logger.init_args.save_dir={root}",
+        "--trainer.val_check_interval=10", "--trainer.limit_val_batches=2",
+        "--model.schedule.init_args.warmup_steps=2", "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false", *extra,
+    ]
+
+
+def print_config(*args: str) -> str:
+    """In-process ``python -m scalevec_lit fit <args> --print_config``: the resolved YAML (no instantiation)."""
+    import contextlib
+    import io
+
+    from scalevec_lit.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args, "--print_config"])
+    assert exit_info.value.code in (0, None), buf.getvalue()
+    return buf.getvalue()
+
+
+def module_from_config(yaml_text: str):
+    """Instantiate the ``model:`` section of a resolved recipe as a ``CausalLM`` (model not yet built)."""
+    import yaml
+    from jsonargparse import ArgumentParser
+
+    from scalevec_lit.lit.module import CausalLM
+
+    model_section = yaml.safe_load(yaml_text)["model"]
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(CausalLM, "model")
+    cfg = parser.parse_object({"model": model_section})
+    return parser.instantiate(cfg).model
+
+
+def scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, list] = {}
+    for events in sorted(logdir.rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    return out
+
+
+# -- bad input: run a command in-process, check its one paragraph and that nothing outside its output changed
+def file_hashes(*roots: Path, exclude: tuple[Path, ...] = ()) -> dict[str, str]:
+    out = {}
+    for root in roots:
+        for p in sorted(Path(root).rglob("*")):
+            if p.is_file() and not any(p == e or e in p.parents for e in exclude):
+                out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def main_in_process(capfd, args: list[str]) -> tuple[int, str]:
+    from scalevec_lit.cli import main
+
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    out, err = capfd.readouterr()
+    return code, out + err
+
+
+def check(world, capfd, args: list, code: int, *parts: str) -> str:
+    """Run ``args``; assert the exit code, one ``error:`` paragraph holding ``parts``, no traceback, no change."""
+    if world.before is None:
+        world.freeze()
+    got, text = main_in_process(capfd, args)
+    assert "Traceback" not in text, text[-3000:]
+    assert got == code, (got, text[-3000:])
+    if code:
+        errors = [line for line in text.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1, text[-3000:]
+        for part in parts:
+            assert part in errors[0], (part, errors[0])
+    else:
+        for part in parts:
+            assert part in text, (part, text[-3000:])
+    world.unchanged()
+    return text
+
+
+def fit(world, *extra) -> list:
+    return smoke_args(world.data, world.path / "out", 2, "--trainer.limit_val_batches=0", *extra)
+
+
+# -- the command line and the recipe (exit 2) ---------------------------------------------------------
