@@ -372,7 +372,10 @@ def main(argv=None) -> dict:
         print("|---|---|---|---|---|---|---|---|---|")
         for p, r in res.items():
             q1, med, q3 = r["time_ratio_q"]
-            print(f"| {p} | {r['scale_params']:,} | {r['median_step_s'] * 1e3:.1f} ms | {med:.3f}× ({q1:.3f}–{q3:.3f}) | "
+            timed = args.rounds > 0  # --rounds 0 measures memory only: no time columns
+            step = f"{r['median_step_s'] * 1e3:.1f} ms" if timed else "—"
+            ratio = f"{med:.3f}× ({q1:.3f}–{q3:.3f})" if timed else "—"
+            print(f"| {p} | {r['scale_params']:,} | {step} | {ratio} | "
                   f"{r['saved_bytes'] / 2**20:.2f} MiB | {r['saved_ratio']:.4f}× | {r['saved_per_token_block']:,.0f} B | "
                   f"{r['peak_bytes'] / 2**20:.2f} MiB | {r['mem_ratio']:.4f}× |", flush=True)
     if args.only in (None, "lightning"):
