@@ -39,6 +39,7 @@ from torch import nn
 
 from scalevec_lit.scale.registry import ScaleParam, scale_parameters
 from scalevec_lit.scale.sites import INPUT, TAG_PREFIX, Consumer, ScaleInfo, scale_tag
+from scalevec_lit.scale.vector import ScaleVector
 
 from ._monitor_figures import HeatmapFigure
 from ._monitor_reduce import consumer_sq_norms, full_tensor, tensor_statistics

@@ -22,7 +22,6 @@ import re
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from .checks import check_command, check_config, check_config_files
 from .data.datamodule import TokenDataModule

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, print_config, recipe, run_cli, smoke_args
+from helpers import ROOT, print_config, recipe, run_cli, scalars, smoke_args
 
 
 def test_smoke_fit_end_to_end(prepared_data, tmp_path):

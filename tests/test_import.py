@@ -87,10 +87,9 @@ def tokens(vocab: int, n: int = 24, seed: int = 3) -> torch.Tensor:
 
 
 def strategy(preset: str, **over):
-    s = read_strategy(PRESETS / f"{preset}.yaml", eps=1e-5)
-    for k, v in over.items():
-        setattr(s, k, v)
-    return s
+    import dataclasses
+
+    return dataclasses.replace(read_strategy(PRESETS / f"{preset}.yaml", eps=1e-5), **over)  # frozen: a value
 
 
 def train_steps(model, steps: int = 2) -> None:
