@@ -251,10 +251,7 @@ class TokenDataModule(L.LightningDataModule):
             return StreamingDataLoader(dataset, batch_size=self.batch_size, num_workers=self.num_workers,
                                        drop_last=distributed)
 
-        if len(self.data_dirs) == 1:
-            loaders = [loader(self._dataset("val", False))]
-        else:
-            loaders = [loader(self._source(d, "val", False)) for d in self.data_dirs]
+        loaders = [loader(self._source(d, "val", False)) for d in self.data_dirs]
         if distributed:
             loaders = _same_batch_count_on_every_rank(loaders)
         return loaders[0] if len(loaders) == 1 else loaders

@@ -20,10 +20,10 @@ from torchmetrics.aggregation import MeanMetric
 
 from ..model.block import Block
 from ..model.config import TransformerConfig
-from ..model.spec import model_spec
+from ..model.spec import check_spec, model_spec
 from ..model.transformer import BlockFactory, Transformer, count_parameters
+from ..scale.registry import DECAYED_BY, SCALE
 from ..scale.strategy import ScaleStrategy
-from ..model.spec import check_spec
 from . import nonfinite as nonfinite_check
 from .nonfinite import NonFiniteGuard, supports_found_inf
 from .optim import build_param_groups, describe_groups, instantiate_optimizer
@@ -282,8 +282,6 @@ class CausalLM(L.LightningModule):
         if self.peak_tflops is None and self.device.type == "cuda":
             name = torch.cuda.get_device_name(self.device)
             self.peak_tflops = next((v for k, v in DATASHEET_BF16_TFLOPS.items() if k in name), None)
-        from ..scale.registry import DECAYED_BY, SCALE
-
         undecayed = [g for opt in self.trainer.optimizers for g in opt.param_groups
                      if g.get("kind") == SCALE and not g.get(DECAYED_BY)]  # a callback marks the groups it decays
         if undecayed:
