@@ -9,7 +9,10 @@ activation beyond what its neighbours save anyway.
   RMS normalization of a placement with a normalized output side, its output scale and, for q and k,
   the rotary embedding, over q and k together. It saves only its *output* (which attention or the MLP
   saves anyway, so it costs no memory) and the per-group reciprocal RMS; the backward recovers the
-  normalized input by undoing the rotation (orthogonal) and dividing by ``u``. This is exact wherever
+  normalized input by undoing the rotation (orthogonal) and dividing by ``u``. RoPE, ``u`` and their
+  inverses are folded into small per-position tables (``_Tables``), so that each pass over the activations
+  is one multiply and one multiply-add (about a third of the passes of the plain composition's
+  autograd; see benchmarks/RESULTS.md). This is exact wherever
   ``u_j ≠ 0``; a channel whose ``u_j`` is exactly 0 passes no gradient to ``u_j`` (documented in
   the README; no shipped parameterization starts there and nothing decays output-role scales).
 
@@ -19,7 +22,7 @@ Plain torch only: must not import Lightning or ``scalevec_lit.model``.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -36,12 +39,6 @@ def _rotate(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def _rotate_t(x: torch.Tensor) -> torch.Tensor:
-    """The transpose of ``_rotate`` (its inverse)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x2, -x1), dim=-1)
-
-
 def _rope_tables(cos: torch.Tensor, sin: torch.Tensor, T: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     return cos[:T, None, :].to(dtype), sin[:T, None, :].to(dtype)
 
@@ -50,11 +47,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate ``x`` of shape ``[B, T, H, D]`` by position; cos/sin are ``[≥T, D]``."""
     c, s = _rope_tables(cos, sin, x.shape[1], x.dtype)
     return x * c + _rotate(x) * s
-
-
-def _unrope(y: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """The transpose of RoPE (its inverse: each channel pair is rotated by an angle)."""
-    return y * c + _rotate_t(y * s)
 
 
 # -- scaled_linear -------------------------------------------------------------------------------------------
@@ -138,44 +130,113 @@ def scaled_linear(
 
 
 # -- group_norm_rope -------------------------------------------------------------------------------------------
+def _swap_halves(x: torch.Tensor) -> torch.Tensor:
+    """``[x1, x2] → [x2, x1]`` over the last dim (the channel pairs of rotate-half RoPE)."""
+    h = x.shape[-1] // 2
+    return torch.cat((x[..., h:], x[..., :h]), -1)
+
+
+def _inverse(u: torch.Tensor) -> torch.Tensor:
+    """``1 / u``, and 0 where ``u`` is exactly 0."""
+    nz = u != 0
+    return torch.where(nz, 1.0 / torch.where(nz, u, torch.ones_like(u)), torch.zeros_like(u))
+
+
+class _Tables(NamedTuple):
+    """Small tables (``[T, G, g]`` at most: no batch dimension, so building one costs 1/B of a pass over the
+    activations) that turn ``RoPE(u ⊙ n)`` and each step of its backward into one multiply and one
+    multiply-add over the activations; ``swap`` exchanges the halves of each group (``_swap_halves``):
+
+    - forward: ``y = n ⊙ A + swap(n) ⊙ B`` with ``A = u ⊙ c``, ``B = σ₋ ⊙ swap(u) ⊙ s``;
+    - the gradient with respect to ``n`` (the transpose): ``gn = gy ⊙ A + swap(gy) ⊙ swap(B)``;
+    - the normalized input recovered from the output: ``n = y ⊙ P + swap(y) ⊙ Q`` with ``P = c ⊙ k``,
+      ``Q = σ₊ ⊙ swap(s) ⊙ k``, ``k = u⁻¹ / (c² + s²)`` (``u⁻¹ := 0`` where ``u = 0``).
+
+    σ± is ``±1`` on the first half of each group and ``∓1`` on the second (``rotate(x) = σ₋ ⊙ swap(x)``).
+    ``None`` stands for ones (A, P) or zeros (the others): no u, or no RoPE.
+    """
+
+    A: Optional[torch.Tensor]
+    B: Optional[torch.Tensor]
+    P: Optional[torch.Tensor]
+    Q: Optional[torch.Tensor]
+    B_swapped: Optional[torch.Tensor]
+
+
+def _norm_rope_tables(u, cos, sin, T: int, g: int, dtype, backward: bool) -> _Tables:
+    uc = None if u is None else u.to(dtype)
+    inv_u = None if (uc is None or not backward) else _inverse(uc)
+    if cos is None:
+        return _Tables(uc, None, inv_u, None, None)
+    c, s = _rope_tables(cos, sin, T, dtype)  # [T, 1, g]
+    A = c if uc is None else c * uc
+    B = _half_signs(g, -1.0, s) * s
+    B = B if uc is None else B * _swap_halves(uc)
+    if not backward:
+        return _Tables(A, B, None, None, None)
+    k = 1.0 / (c * c + s * s)  # 1 up to the tables' rounding: divided out, so that the recovery is exact
+    k = k if inv_u is None else k * inv_u
+    return _Tables(A, B, c * k, _half_signs(g, 1.0, s) * _swap_halves(s) * k, _swap_halves(B))
+
+
+def _half_signs(g: int, first: float, like: torch.Tensor) -> torch.Tensor:
+    """``[first] * g/2 + [-first] * g/2``."""
+    h = g // 2
+    return torch.cat((like.new_full((h,), first), like.new_full((g - h,), -first)))
+
+
+def _pair_mul(x: torch.Tensor, a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> torch.Tensor:
+    """``x ⊙ a + swap(x) ⊙ b`` (``a`` None: ones; ``b`` None: zeros)."""
+    out = x if a is None else x * a
+    return out if b is None else torch.addcmul(out, _swap_halves(x), b)
+
+
+def _compute_dtype_of(t: torch.Tensor) -> torch.dtype:
+    return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
+
+
 class _GroupNormRope(torch.autograd.Function):
+    """Saves the output (attention keeps q and k anyway) and the per-group reciprocal RMS; the backward
+    recovers the normalized input from the output with ``_Tables`` (recomputed, never saved)."""
+
     @staticmethod
     def forward(ctx, a, u, cos, sin, eps: float):
-        # a: [B, T, G, g]; u: [G, g] or None; cos/sin: [T, g] tables or None
-        af = a.float() if a.dtype in (torch.float16, torch.bfloat16) else a
-        rstd = torch.rsqrt(af.pow(2).mean(-1, keepdim=True) + eps)
-        z = (af * rstd).to(a.dtype)
-        if u is not None:
-            z = z * u.to(z.dtype)
-        rope = cos is not None
-        if rope:
-            c, s = _rope_tables(cos, sin, a.shape[1], z.dtype)
-            z = z * c + _rotate(z) * s
-        ctx.eps, ctx.rope, ctx.has_u = eps, rope, u is not None
-        ctx.save_for_backward(z, rstd, u, cos if rope else None, sin if rope else None)
-        return z
+        # a: [B, T, G, g]; u: [G, g] or None; cos/sin: [≥T, g] tables or None
+        compute = _compute_dtype_of(a)
+        n, rstd = _rms_norm_with_rstd(a, eps)
+        t = _norm_rope_tables(u, cos, sin, a.shape[1], a.shape[-1], compute, backward=False)
+        y = _pair_mul(n.to(compute), t.A, t.B).to(a.dtype)
+        ctx.dtype = a.dtype
+        ctx.save_for_backward(y, rstd, u, cos, sin)
+        return y
 
     @staticmethod
     def backward(ctx, gy):
         y, rstd, u, cos, sin = ctx.saved_tensors
-        if ctx.rope:
-            c, s = _rope_tables(cos, sin, y.shape[1], y.dtype)
-            # RᵀR = (cos² + sin²) I per channel pair, 1 up to the tables' rounding: divided out exactly
-            gz, z = _unrope(gy, c, s), _unrope(y, c, s) / (c * c + s * s)
-        else:
-            gz, z = gy, y
-        compute = torch.float32 if z.dtype in (torch.float16, torch.bfloat16) else z.dtype
-        gz, z = gz.to(compute), z.to(compute)
+        compute = _compute_dtype_of(y)
+        t = _norm_rope_tables(u, cos, sin, y.shape[1], y.shape[-1], compute, backward=True)
+        y, gy = y.to(compute), gy.to(compute)
+        n = _pair_mul(y, t.P, t.Q)  # the normalized input, recovered (exact where u ≠ 0)
+        gn = _pair_mul(gy, t.A, t.B_swapped)
+        m = gn * n
         gu = None
-        if ctx.has_u:
-            uc = u.to(compute)
-            n = torch.where(uc != 0, z / torch.where(uc != 0, uc, torch.ones_like(uc)), torch.zeros_like(z))
-            gu = (gz * n).sum(dim=tuple(range(gz.ndim - 2))).to(u.dtype)
-            gn = gz * uc
-        else:
-            n, gn = z, gz
-        ga = rstd * (gn - n * (gn * n).mean(-1, keepdim=True))
-        return ga.to(y.dtype), gu, None, None, None
+        if u is not None:  # ∂L/∂u = Σ_{B,T} ∂L/∂(u ⊙ n) ⊙ n = Σ gn ⊙ n / u; 0 where u = 0 (P, Q vanish there too)
+            inv_u = t.P if cos is None else _inverse(u.to(compute))
+            gu = (m.sum(dim=tuple(range(m.ndim - 2))) * inv_u).to(u.dtype)
+        ga = torch.addcmul(gn, n, m.mean(-1, keepdim=True), value=-1.0).mul_(rstd.to(compute))
+        return ga.to(ctx.dtype), gu, None, None, None
+
+
+def _rms_norm_with_rstd(a: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(a / RMS(a), 1 / RMS(a))`` over the last dim, in one fused kernel where torch has it (the reciprocal
+    RMS in float32 for half inputs)."""
+    fused = getattr(torch.ops.aten, "_fused_rms_norm", None)
+    if fused is not None:
+        n, rstd = fused(a, [a.shape[-1]], None, eps)
+        return n, rstd
+    af = a.float() if a.dtype in (torch.float16, torch.bfloat16) else a
+    rstd = torch.rsqrt(af.pow(2).mean(-1, keepdim=True) + eps)
+    return (af * rstd).to(a.dtype), rstd
 
 
 def group_norm_rope(
