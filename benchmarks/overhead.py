@@ -296,13 +296,15 @@ def bench_lightning(data_dir: str, rounds: int, warmup: int, batch_size: int) ->
             "plain_median_s": statistics.median(plain_t), "time_ratio_q": quartiles(ratios)}
 
 
-def profile_diff(preset: str, data_dir: str, steps: int, batch_size: int, top: int = 15) -> list[tuple[str, float, float]]:
+def profile_diff(preset: str, data_dir: str, steps: int, batch_size: int, top: int = 15,
+                 shape: str = "smoke") -> list[tuple[str, float, float]]:
     """Self CPU time per op (ms per step) of ``preset`` vs baseline under torch.profiler, interleaved in
     blocks of one step; the ``top`` ops with the largest difference: ``(op, baseline_ms, preset_ms)``."""
     from torch.profiler import ProfilerActivity, profile
 
-    data = batches(data_dir, batch_size, 4)
-    runners = {p: PlainStep(build_module(p, data_dir)) for p in ("baseline", preset)}
+    config, _, seq_len = SHAPES[shape]
+    data = batches(data_dir, batch_size, 4, seq_len=seq_len)
+    runners = {p: PlainStep(build_module(p, data_dir, config=dict(config, seq_len=seq_len))) for p in ("baseline", preset)}
     for p in runners:  # warm-up (optimizer state, allocator)
         for b in data[:2]:
             runners[p](b)
@@ -359,7 +361,7 @@ def main(argv=None) -> dict:
               "shape": args.shape, "rounds": args.rounds, "warmup": args.warmup}
     print(f"# {result['command']}\n# {result['date']}; {result['machine']}; batch {result['batch']}", flush=True)
     if args.profile:
-        rows = result["profile"] = profile_diff(args.profile, args.data_dir, args.rounds, args.batch_size)
+        rows = result["profile"] = profile_diff(args.profile, args.data_dir, args.rounds, args.batch_size, shape=args.shape)
         print(f"\n| op (self CPU time, ms per step) | baseline | {args.profile} | difference |\n|---|---|---|---|")
         for k, a, b in rows:
             print(f"| `{k}` | {a:.2f} | {b:.2f} | {b - a:+.2f} |")

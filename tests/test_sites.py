@@ -73,6 +73,32 @@ def test_group_norm_rope_equals_its_plain_composition(rope, with_u):
         assert _rel(x, y) <= EXACT
 
 
+@pytest.mark.parametrize("rope", [True, False])
+def test_group_norm_rope_in_bfloat16_stays_within_bfloat16_rounding(rope):
+    """bf16 activations (FSDP2 mixed precision): computed in float32 inside, rounded to bf16 at the output
+    and at the normalized input (as F.rms_norm rounds), so the result is within a few bf16 units
+    (2⁻⁸ relative) of the float64 composition; the gradient is computed in float32 from the rounded output
+    and rounded once more: 8 units of 2⁻⁸ bound all of it, far below a wrong formula's O(1)."""
+    torch.manual_seed(3)
+    a64 = torch.randn(2, 6, 3, 8, dtype=torch.float64)
+    u64 = torch.rand(3, 8, dtype=torch.float64) + 0.5
+    cos, sin = rope_tables(6, 8, 100.0)
+    a = a64.bfloat16().requires_grad_()
+    u = u64.float().requires_grad_()
+    got = group_norm_rope(a, u, 1e-6, cos if rope else None, sin if rope else None)
+    assert got.dtype == torch.bfloat16
+    ref_a, ref_u = a64.clone().requires_grad_(), u64.clone().requires_grad_()
+    z = ref_a * torch.rsqrt(ref_a.pow(2).mean(-1, keepdim=True) + 1e-6) * ref_u
+    if rope:
+        c, s = cos.double()[:, None], sin.double()[:, None]
+        z = z * c + torch.cat((-z[..., 4:], z[..., :4]), -1) * s
+    grad = torch.randn_like(z)
+    bf16_unit = 2.0 ** -8
+    assert _rel(got.double(), z) <= 4 * bf16_unit
+    for x, y in zip(torch.autograd.grad(got, [a, u], grad.bfloat16()), torch.autograd.grad(z, [ref_a, ref_u], grad)):
+        assert _rel(x.double(), y) <= 8 * bf16_unit
+
+
 def test_group_norm_rope_passes_no_gradient_to_an_exactly_zero_output_scale():
     """The documented limit of recovering the input from the output: u_j = 0 exactly gets no gradient."""
     a = torch.randn(2, 3, 1, 4, dtype=torch.float64, requires_grad=True)
