@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,43 @@ def main_in_process(capfd, args: list[str]) -> tuple[int, str]:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     out, err = capfd.readouterr()
     return code, out + err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_rank(rank: int, fn, world: int, port: int, args: tuple) -> None:
+    import gc
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        fn(rank, world, *args)
+        # fn's tensors, FSDP hooks and pending work are gone before the group is: no rank tears its gloo
+        # threads down while another still talks to it (a rare SIGABRT at exit otherwise)
+        gc.collect()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_gloo(fn, world: int, *args, start_method: str = "spawn") -> None:
+    """Run ``fn(rank, world, *args)`` in ``world`` processes joined by one gloo group on a free port.
+
+    ``fn`` is a module-level function of a test file; the group is set up and torn down here (all ranks
+    meet at a barrier first), so a worker holds only what it tests.
+    """
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_gloo_rank, args=(fn, world, free_port(), args), nprocs=world, join=True,
+                       start_method=start_method)
 
 
 def check(world, capfd, args: list, code: int, *parts: str) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import warnings
 from functools import partial
 
@@ -14,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from helpers import ROOT, run_cli, smoke_args, tiny_config
+from helpers import ROOT, run_cli, smoke_args, spawn_gloo, tiny_config
 from scalevec_lit.callbacks import RoleWeightDecay, ScaleVectorMonitor
 from scalevec_lit.callbacks.scale_monitor import scale_consumers, tensor_statistics
 from scalevec_lit.lit.module import CausalLM
@@ -322,59 +321,45 @@ def test_monitor_arguments_are_checked():
         ScaleVectorMonitor(histogram_every_n_steps=-1)
 
 
-def _fsdp_worker(rank: int, port: int) -> None:
-    import torch.distributed as dist
+def _fsdp_worker(rank: int, world: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from scalevec_lit.lit.parallel import ParallelOptions, parallelize
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        torch.manual_seed(0)
-        model = Transformer(tiny_config(vocab_size=VOCAB, n_layer=2), ScaleStrategy(**UNIFIED))
-        with torch.no_grad():  # non-trivial values (same on both ranks: same seed)
-            for p in model.parameters():
-                p.mul_(torch.empty_like(p).uniform_(0.5, 1.5))
-        reference = copy.deepcopy(model)
-        parallelize(model, init_device_mesh("cpu", (2,)), ParallelOptions())
-        assert type(next(scale_parameters(model)).param).__name__ == "DTensor"
-        got = ScaleVectorMonitor().collect(model, histograms=True)
-        want = ScaleVectorMonitor().collect(reference, histograms=True)
-        assert got.scalars.keys() == want.scalars.keys()
-        for tag, v in want.scalars.items():
-            if tag.endswith(("/min", "/max", "min_gamma_sq")):
-                assert got.scalars[tag] == v, tag  # min and max reduce exactly
-            else:
-                assert got.scalars[tag] == pytest.approx(v, rel=1e-9, abs=1e-12), tag
-        for tag, v in want.histograms.items():
-            assert (got.histograms[tag] == v).all(), tag
-        assert got.heatmaps["input"][1] == want.heatmaps["input"][1]
-        # RoleWeightDecay on the local shards: the gathered result equals the unsharded reference
-        opt = torch.optim.AdamW(build_param_groups(model), lr=0.1, weight_decay=0.2)
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(vocab_size=VOCAB, n_layer=2), ScaleStrategy(**UNIFIED))
+    with torch.no_grad():  # non-trivial values (same on both ranks: same seed)
         for p in model.parameters():
-            p.grad = torch.zeros_like(p)
-        decay = RoleWeightDecay()
-        decay.build_plan(model, opt)
-        decay.on_before_optimizer_step(None, model, opt)
-        for sp, ref in zip(scale_parameters(model), scale_parameters(reference)):
-            factor = (1 - 0.1 * 0.2) if sp.info.role == "input" else 1.0
-            assert torch.equal(sp.param.full_tensor(), ref.param.detach() * factor), sp.info.tag
-    finally:
-        dist.destroy_process_group()
+            p.mul_(torch.empty_like(p).uniform_(0.5, 1.5))
+    reference = copy.deepcopy(model)
+    parallelize(model, init_device_mesh("cpu", (world,)), ParallelOptions())
+    assert type(next(scale_parameters(model)).param).__name__ == "DTensor"
+    got = ScaleVectorMonitor().collect(model, histograms=True)
+    want = ScaleVectorMonitor().collect(reference, histograms=True)
+    assert got.scalars.keys() == want.scalars.keys()
+    for tag, v in want.scalars.items():
+        if tag.endswith(("/min", "/max", "min_gamma_sq")):
+            assert got.scalars[tag] == v, tag  # min and max reduce exactly
+        else:
+            assert got.scalars[tag] == pytest.approx(v, rel=1e-9, abs=1e-12), tag
+    for tag, v in want.histograms.items():
+        assert (got.histograms[tag] == v).all(), tag
+    assert got.heatmaps["input"][1] == want.heatmaps["input"][1]
+    # RoleWeightDecay on the local shards: the gathered result equals the unsharded reference
+    opt = torch.optim.AdamW(build_param_groups(model), lr=0.1, weight_decay=0.2)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    decay = RoleWeightDecay()
+    decay.build_plan(model, opt)
+    decay.on_before_optimizer_step(None, model, opt)
+    for sp, ref in zip(scale_parameters(model), scale_parameters(reference)):
+        factor = (1 - 0.1 * 0.2) if sp.info.role == "input" else 1.0
+        assert torch.equal(sp.param.full_tensor(), ref.param.detach() * factor), sp.info.tag
 
 
 def test_monitor_reduces_fsdp2_shards_like_the_whole_model():
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     # fork (as DataLoader workers do, one thread each): the children reuse this process's imports
-    mp.start_processes(_fsdp_worker, args=(port,), nprocs=2, join=True, start_method="fork")
+    spawn_gloo(_fsdp_worker, 2, start_method="fork")
 
 
 def test_smoke_recipe_runs_both_callbacks_by_default(prepared_data, tmp_path):

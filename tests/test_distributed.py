@@ -6,17 +6,14 @@ runs with gloo, which is what the GPU recipes use too.
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from helpers import ROOT, recipe, run_cli, smoke_args, tiny_config
+from helpers import ROOT, recipe, run_cli, smoke_args, spawn_gloo, tiny_config
 
 STEPS, GLOBAL_BATCH = 20, 8
 # Compared in float64. Two ranks sum gradients in another order than one process (and the thread count,
@@ -27,12 +24,6 @@ STEPS, GLOBAL_BATCH = 20, 8
 # scale) moves losses and weights by ≥1e-2 relative, so 1e-8 separates the two by six orders of
 # magnitude on either side.
 TOLERANCE = 1e-8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _batches():
@@ -69,31 +60,25 @@ def _train(model, batches, rank: int = 0, world: int = 1) -> list[float]:
     return losses
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
+def _worker(rank: int, world: int, out: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
 
-        from scalevec_lit.lit.parallel import ParallelOptions, parallelize
-        from scalevec_lit.scale import scale_parameters
+    from scalevec_lit.lit.parallel import ParallelOptions, parallelize
+    from scalevec_lit.scale import scale_parameters
 
-        model = _model()
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("data_parallel",))
-        parallelize(model, mesh, ParallelOptions())
-        sharded = [type(sp.param).__name__ for sp in scale_parameters(model)]
-        losses = _train(model, _batches(), rank, world)
-        full = {n: p.full_tensor() for n, p in model.named_parameters()}
-        if rank == 0:
-            torch.save({"losses": losses, "params": full, "sharded": sharded}, out)
-    finally:
-        dist.destroy_process_group()
+    model = _model()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("data_parallel",))
+    parallelize(model, mesh, ParallelOptions())
+    sharded = [type(sp.param).__name__ for sp in scale_parameters(model)]
+    losses = _train(model, _batches(), rank, world)
+    full = {n: p.full_tensor() for n, p in model.named_parameters()}
+    if rank == 0:
+        torch.save({"losses": losses, "params": full, "sharded": sharded}, out)
 
 
 def test_fsdp2_two_processes_match_one_process(tmp_path):
     out = str(tmp_path / "fsdp.pt")
-    mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+    spawn_gloo(_worker, 2, out)
     got = torch.load(out, weights_only=False)
     assert set(got["sharded"]) == {"DTensor"}  # the scale vectors were sharded too
     model = _model()

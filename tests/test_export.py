@@ -9,14 +9,13 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from helpers import ROOT, run_cli, smoke_args, tiny_config
+from helpers import ROOT, run_cli, smoke_args, spawn_gloo, tiny_config
 from scalevec_lit.export import (
     ExportError,
     HFExportError,
@@ -397,50 +396,37 @@ def test_bfloat16_weights(tmp_path):
     assert float((a - b).abs().max() / a.abs().max()) < 2e-2  # bf16 rounding of the weights only
 
 
-def _dcp_worker(rank: int, world: int, folder: str, spec: dict, port: int) -> None:
+def _dcp_worker(rank: int, world: int, folder: str, spec: dict) -> None:
     """One rank of an FSDP2 model on CPU/gloo, writing a DCP checkpoint as ModelParallelStrategy does."""
-    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        torch.manual_seed(0)
-        module = torch.nn.Module()  # stands for the LightningModule: keys "model.*"
-        module.model = build_from_spec(spec)
-        perturb_scales_(module.model)
-        mesh = init_device_mesh("cpu", (world,))
-        for block in module.model.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(module.model, mesh=mesh)  # the root, as parallelize() does
-        opt = torch.optim.AdamW(module.parameters(), lr=1e-2)
-        module.model(torch.randint(0, spec["config"]["vocab_size"], (2, 8))).square().mean().backward()
-        opt.step()
-        state = {"state_dict": get_model_state_dict(module), "optimizer_0": get_optimizer_state_dict(module, opt)}
-        dcp.save(state, checkpoint_id=folder)
-        full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if rank == 0:
-            torch.save({"scalevec": {"spec": spec}, "global_step": 1}, Path(folder) / "meta.pt")
-            torch.save(full, Path(folder).parent / "reference.pt")
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(0)
+    module = torch.nn.Module()  # stands for the LightningModule: keys "model.*"
+    module.model = build_from_spec(spec)
+    perturb_scales_(module.model)
+    mesh = init_device_mesh("cpu", (world,))
+    for block in module.model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(module.model, mesh=mesh)  # the root, as parallelize() does
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-2)
+    module.model(torch.randint(0, spec["config"]["vocab_size"], (2, 8))).square().mean().backward()
+    opt.step()
+    state = {"state_dict": get_model_state_dict(module), "optimizer_0": get_optimizer_state_dict(module, opt)}
+    dcp.save(state, checkpoint_id=folder)
+    full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        torch.save({"scalevec": {"spec": spec}, "global_step": 1}, Path(folder) / "meta.pt")
+        torch.save(full, Path(folder).parent / "reference.pt")
 
 
 def test_distributed_checkpoint_folder_is_consolidated_and_exported(tmp_path):
     """A DCP folder from 2 gloo processes with FSDP2-sharded weights (as ModelParallelStrategy writes)."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     folder = tmp_path / "step1.ckpt"
     spec = preset_spec("unified", {"output_shape": "head"})
-    mp.spawn(_dcp_worker, args=(2, str(folder), spec, port), nprocs=2, join=True)
+    spawn_gloo(_dcp_worker, 2, str(folder), spec)
     assert len(list(folder.glob("*.distcp"))) == 2
     reference = torch.load(tmp_path / "reference.pt")
     spec_back, state = read_checkpoint(folder)
