@@ -53,6 +53,16 @@ def test_scaled_linear_equals_scaling_the_activations():
     assert _rel(got, want) <= EXACT
 
 
+def _norm_rope_composition(a, u, cos, sin):
+    """``RoPE(u ⊙ a / RMS(a))`` written from the definitions (plain autograd)."""
+    n = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6)
+    z = n if u is None else n * u
+    if cos is None:
+        return z
+    h = z.shape[-1] // 2
+    return z * cos[: z.shape[1], None] + torch.cat((-z[..., h:], z[..., :h]), -1) * sin[: z.shape[1], None]
+
+
 @pytest.mark.parametrize("rope", [True, False])
 @pytest.mark.parametrize("with_u", [True, False])
 def test_group_norm_rope_equals_its_plain_composition(rope, with_u):
@@ -62,10 +72,7 @@ def test_group_norm_rope_equals_its_plain_composition(rope, with_u):
     u = (torch.randn(3, 8, dtype=d) + 0.1).requires_grad_() if with_u else None
     cos, sin = (t.double() for t in rope_tables(6, 8, 100.0))  # tables rounded in fp32, as the model's
     got = group_norm_rope(a, u, 1e-6, cos if rope else None, sin if rope else None)
-    n = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6)
-    z = n if u is None else n * u
-    if rope:
-        z = z * cos[:, None] + torch.cat((-z[..., 4:], z[..., :4]), -1) * sin[:, None]
+    z = _norm_rope_composition(a, u, cos if rope else None, sin if rope else None)
     leaves = [a] + ([u] if with_u else [])
     grad = torch.randn_like(z)
     assert _rel(got, z) <= EXACT
@@ -97,6 +104,31 @@ def test_group_norm_rope_in_bfloat16_stays_within_bfloat16_rounding(rope):
     assert _rel(got.double(), z) <= 4 * bf16_unit
     for x, y in zip(torch.autograd.grad(got, [a, u], grad.bfloat16()), torch.autograd.grad(z, [ref_a, ref_u], grad)):
         assert _rel(x.double(), y) <= 8 * bf16_unit
+
+
+def test_group_norm_rope_reuses_position_tables_only_for_the_same_unchanged_buffers():
+    """The u-free RoPE tables are built once per cos/sin buffer, length and dtype: other buffers of the same
+    shape (another theta), another length, or the same buffers changed in place all get their own."""
+    torch.manual_seed(4)
+    a = torch.randn(2, 6, 3, 8, dtype=torch.float64, requires_grad=True)
+    u = (torch.rand(3, 8, dtype=torch.float64) + 0.5).requires_grad_()
+    tables = {theta: [t.double() for t in rope_tables(6, 8, theta)] for theta in (100.0, 10000.0)}
+    cos, sin = tables[100.0]
+
+    def check(x, cos, sin):
+        got, want = group_norm_rope(x, u, 1e-6, cos, sin), _norm_rope_composition(x, u, cos, sin)
+        assert _rel(got, want) <= EXACT
+        grad = torch.randn_like(want)
+        for g, w in zip(torch.autograd.grad(got, [x, u], grad), torch.autograd.grad(want, [x, u], grad)):
+            assert _rel(g, w) <= EXACT
+
+    for _ in range(2):
+        check(a, cos, sin)
+        check(a, *tables[10000.0])
+        check(a[:, :4], cos, sin)  # a shorter sequence reads the first 4 positions
+    cos.copy_(tables[10000.0][0])
+    sin.copy_(tables[10000.0][1])
+    check(a, cos, sin)
 
 
 def test_group_norm_rope_passes_no_gradient_to_an_exactly_zero_output_scale():

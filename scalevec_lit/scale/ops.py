@@ -131,28 +131,67 @@ def scaled_linear(
 
 # -- group_norm_rope -------------------------------------------------------------------------------------------
 def _swap_halves(x: torch.Tensor) -> torch.Tensor:
-    """``[x1, x2] → [x2, x1]`` over the last dim (the channel pairs of rotate-half RoPE)."""
+    """``[x1, x2] → [x2, x1]`` over the last dim (the channel pairs of rotate-half RoPE); small tables only."""
     h = x.shape[-1] // 2
     return torch.cat((x[..., h:], x[..., :h]), -1)
 
 
 def _inverse(u: torch.Tensor) -> torch.Tensor:
     """``1 / u``, and 0 where ``u`` is exactly 0."""
-    nz = u != 0
-    return torch.where(nz, 1.0 / torch.where(nz, u, torch.ones_like(u)), torch.zeros_like(u))
+    return torch.where(u != 0, u.reciprocal(), 0.0)
+
+
+class _RopeTables(NamedTuple):
+    """The position tables of ``RoPE`` and of its inverse, ``[T, 1, g]``, that do not depend on ``u`` (built
+    once per cos/sin buffer, length and dtype: ``_rope_tables_for``). With ``swap`` exchanging the halves of
+    each group and ``σ±`` being ``±1`` on the first half and ``∓1`` on the second (``rotate(x) = σ₋ ⊙
+    swap(x)``): ``RoPE(z) = z ⊙ c + swap(z) ⊙ s``, its transpose ``z ⊙ c + swap(z) ⊙ s_t``, its inverse
+    ``z ⊙ pc + swap(z) ⊙ ps``."""
+
+    c: torch.Tensor  # cos
+    s: torch.Tensor  # σ₋ ⊙ sin
+    s_t: torch.Tensor  # swap(σ₋ ⊙ sin)
+    pc: torch.Tensor  # cos ⊙ k, k = 1 / (cos² + sin²): 1 up to the tables' rounding, divided out so that the
+    ps: torch.Tensor  # σ₊ ⊙ swap(sin) ⊙ k         recovery is exact
+
+
+_ROPE_TABLES: dict = {}
+
+
+def _build_rope_tables(cos, sin, T: int, dtype) -> _RopeTables:
+    c, s = _rope_tables(cos, sin, T, dtype)  # [T, 1, g]
+    h = c.shape[-1] // 2
+    sign = torch.ones_like(c)
+    sign[..., :h] = -1.0  # σ₋
+    s_signed = sign * s
+    k = 1.0 / (c * c + s * s)
+    return _RopeTables(c, s_signed, _swap_halves(s_signed), c * k, -sign * _swap_halves(s) * k)
+
+
+def _rope_tables_for(cos: torch.Tensor, sin: torch.Tensor, T: int, dtype) -> _RopeTables:
+    """``_RopeTables`` of the first ``T`` positions, kept for the next call with the same buffers. The entry
+    holds ``cos`` and ``sin`` themselves, so their storage cannot be reused by another tensor while it lives;
+    an in-place change of either (its version) makes a new entry."""
+    if torch.compiler.is_compiling():
+        return _build_rope_tables(cos, sin, T, dtype)
+    key = (cos.data_ptr(), sin.data_ptr(), cos._version, sin._version, tuple(cos.shape), T, dtype, cos.device)
+    hit = _ROPE_TABLES.get(key)
+    if hit is None:
+        if len(_ROPE_TABLES) >= 16:
+            _ROPE_TABLES.pop(next(iter(_ROPE_TABLES)))
+        hit = _ROPE_TABLES[key] = (cos, sin, _build_rope_tables(cos, sin, T, dtype))
+    return hit[2]
 
 
 class _Tables(NamedTuple):
-    """Small tables (``[T, G, g]`` at most: no batch dimension, so building one costs 1/B of a pass over the
-    activations) that turn ``RoPE(u ⊙ n)`` and each step of its backward into one multiply and one
-    multiply-add over the activations; ``swap`` exchanges the halves of each group (``_swap_halves``):
+    """Small per-call tables (``[T, G, g]`` at most: no batch dimension) that turn ``RoPE(u ⊙ n)`` and each
+    step of its backward into one multiply and one multiply-add over the activations (``_pair_mul``):
 
-    - forward: ``y = n ⊙ A + swap(n) ⊙ B`` with ``A = u ⊙ c``, ``B = σ₋ ⊙ swap(u) ⊙ s``;
-    - the gradient with respect to ``n`` (the transpose): ``gn = gy ⊙ A + swap(gy) ⊙ swap(B)``;
-    - the normalized input recovered from the output: ``n = y ⊙ P + swap(y) ⊙ Q`` with ``P = c ⊙ k``,
-      ``Q = σ₊ ⊙ swap(s) ⊙ k``, ``k = u⁻¹ / (c² + s²)`` (``u⁻¹ := 0`` where ``u = 0``).
+    - forward: ``y = n ⊙ A + swap(n) ⊙ B`` with ``A = u ⊙ c``, ``B = swap(u) ⊙ s``;
+    - the gradient with respect to ``n`` (the transpose): ``gn = gy ⊙ A + swap(gy) ⊙ Bt``, ``Bt = u ⊙ s_t``;
+    - the normalized input recovered from the output: ``n = y ⊙ P + swap(y) ⊙ Q`` with ``P = u⁻¹ ⊙ pc``,
+      ``Q = u⁻¹ ⊙ ps`` (``u⁻¹ := 0`` where ``u = 0``).
 
-    σ± is ``±1`` on the first half of each group and ``∓1`` on the second (``rotate(x) = σ₋ ⊙ swap(x)``).
     ``None`` stands for ones (A, P) or zeros (the others): no u, or no RoPE.
     """
 
@@ -160,35 +199,33 @@ class _Tables(NamedTuple):
     B: Optional[torch.Tensor]
     P: Optional[torch.Tensor]
     Q: Optional[torch.Tensor]
-    B_swapped: Optional[torch.Tensor]
+    Bt: Optional[torch.Tensor]
+    inv_u: Optional[torch.Tensor]
 
 
-def _norm_rope_tables(u, cos, sin, T: int, g: int, dtype, backward: bool) -> _Tables:
+def _norm_rope_tables(u, cos, sin, T: int, dtype, backward: bool) -> _Tables:
     uc = None if u is None else u.to(dtype)
     inv_u = None if (uc is None or not backward) else _inverse(uc)
     if cos is None:
-        return _Tables(uc, None, inv_u, None, None)
-    c, s = _rope_tables(cos, sin, T, dtype)  # [T, 1, g]
-    A = c if uc is None else c * uc
-    B = _half_signs(g, -1.0, s) * s
-    B = B if uc is None else B * _swap_halves(uc)
+        return _Tables(uc, None, inv_u, None, None, inv_u)
+    r = _rope_tables_for(cos, sin, T, dtype)
+    if uc is None:
+        return _Tables(r.c, r.s, r.pc, r.ps, r.s_t, None)
     if not backward:
-        return _Tables(A, B, None, None, None)
-    k = 1.0 / (c * c + s * s)  # 1 up to the tables' rounding: divided out, so that the recovery is exact
-    k = k if inv_u is None else k * inv_u
-    return _Tables(A, B, c * k, _half_signs(g, 1.0, s) * _swap_halves(s) * k, _swap_halves(B))
-
-
-def _half_signs(g: int, first: float, like: torch.Tensor) -> torch.Tensor:
-    """``[first] * g/2 + [-first] * g/2``."""
-    h = g // 2
-    return torch.cat((like.new_full((h,), first), like.new_full((g - h,), -first)))
+        return _Tables(r.c * uc, r.s * _swap_halves(uc), None, None, None, None)
+    return _Tables(r.c * uc, None, r.pc * inv_u, r.ps * inv_u, r.s_t * uc, inv_u)
 
 
 def _pair_mul(x: torch.Tensor, a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> torch.Tensor:
-    """``x ⊙ a + swap(x) ⊙ b`` (``a`` None: ones; ``b`` None: zeros)."""
-    out = x if a is None else x * a
-    return out if b is None else torch.addcmul(out, _swap_halves(x), b)
+    """``x ⊙ a + swap(x) ⊙ b`` (``a`` None: ones; ``b`` None: zeros): the swapped term is added half by half
+    in place, so the activations are never copied to swap them."""
+    if b is None:
+        return x if a is None else x * a
+    out = x.clone() if a is None else x * a
+    h = x.shape[-1] // 2
+    out[..., :h].addcmul_(x[..., h:], b[..., :h])
+    out[..., h:].addcmul_(x[..., :h], b[..., h:])
+    return out
 
 
 def _compute_dtype_of(t: torch.Tensor) -> torch.dtype:
@@ -204,7 +241,7 @@ class _GroupNormRope(torch.autograd.Function):
         # a: [B, T, G, g]; u: [G, g] or None; cos/sin: [≥T, g] tables or None
         compute = _compute_dtype_of(a)
         n, rstd = _rms_norm_with_rstd(a, eps)
-        t = _norm_rope_tables(u, cos, sin, a.shape[1], a.shape[-1], compute, backward=False)
+        t = _norm_rope_tables(u, cos, sin, a.shape[1], compute, backward=False)
         y = _pair_mul(n.to(compute), t.A, t.B).to(a.dtype)
         ctx.dtype = a.dtype
         ctx.save_for_backward(y, rstd, u, cos, sin)
@@ -214,15 +251,14 @@ class _GroupNormRope(torch.autograd.Function):
     def backward(ctx, gy):
         y, rstd, u, cos, sin = ctx.saved_tensors
         compute = _compute_dtype_of(y)
-        t = _norm_rope_tables(u, cos, sin, y.shape[1], y.shape[-1], compute, backward=True)
+        t = _norm_rope_tables(u, cos, sin, y.shape[1], compute, backward=True)
         y, gy = y.to(compute), gy.to(compute)
         n = _pair_mul(y, t.P, t.Q)  # the normalized input, recovered (exact where u ≠ 0)
-        gn = _pair_mul(gy, t.A, t.B_swapped)
+        gn = _pair_mul(gy, t.A, t.Bt)
         m = gn * n
         gu = None
         if u is not None:  # ∂L/∂u = Σ_{B,T} ∂L/∂(u ⊙ n) ⊙ n = Σ gn ⊙ n / u; 0 where u = 0 (P, Q vanish there too)
-            inv_u = t.P if cos is None else _inverse(u.to(compute))
-            gu = (m.sum(dim=tuple(range(m.ndim - 2))) * inv_u).to(u.dtype)
+            gu = (m.sum(dim=tuple(range(m.ndim - 2))) * t.inv_u).to(u.dtype)
         ga = torch.addcmul(gn, n, m.mean(-1, keepdim=True), value=-1.0).mul_(rstd.to(compute))
         return ga.to(ctx.dtype), gu, None, None, None
 
