@@ -10,9 +10,10 @@ activation beyond what its neighbours save anyway.
   the rotary embedding, over q and k together. It saves only its *output* (which attention or the MLP
   saves anyway, so it costs no memory) and the per-group reciprocal RMS; the backward recovers the
   normalized input by undoing the rotation (orthogonal) and dividing by ``u``. RoPE, ``u`` and their
-  inverses are folded into small per-position tables (``_Tables``), so that each pass over the activations
-  is one multiply and one multiply-add (about a third of the passes of the plain composition's
-  autograd; see benchmarks/RESULTS.md). This is exact wherever
+  inverses are folded into small per-position tables (``_Tables``; their part without ``u`` is built once
+  per RoPE buffer, ``_RopeTables``), so that each pass over the activations is one multiply and one
+  in-place multiply-add (about a third of the passes of the plain composition's autograd; see
+  benchmarks/RESULTS.md). This is exact wherever
   ``u_j ≠ 0``; a channel whose ``u_j`` is exactly 0 passes no gradient to ``u_j`` (documented in
   the README; no shipped parameterization starts there and nothing decays output-role scales).
 

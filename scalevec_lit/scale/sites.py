@@ -268,8 +268,7 @@ class NormSite(ScaleSite):
     def _output_side(self, y: torch.Tensor, dense: list[Branch], rope) -> dict[str, torch.Tensor]:
         """Split the fused output; runs of branches with the same (normalized, group, rotary) are handled as
         one tensor (q and k together through their per-head norm, u and RoPE)."""
-        runs: list[tuple[tuple, list[Branch], int]] = []
-        start = 0
+        runs: list[tuple[tuple, list[Branch]]] = []
         for b in dense:
             norm = self.normalizes(b.name)
             kind = (norm, (b.group or b.out_features) if norm else None, b.rotary and rope is not None,
@@ -277,13 +276,14 @@ class NormSite(ScaleSite):
             if runs and runs[-1][0] == kind:
                 runs[-1][1].append(b)
             else:
-                runs.append((kind, [b], start))
-            start += b.out_features
-        transformed = any(kind[0] or kind[2] for kind, _, _ in runs)
+                runs.append((kind, [b]))
+        transformed = any(kind[0] or kind[2] for kind, _ in runs)
         out: dict[str, torch.Tensor] = {}
-        for (norm, group, rotary, head), members, begin in runs:
-            width = sum(b.out_features for b in members)
-            part = y[..., begin : begin + width]
+        # split, never slice: the backward of a split is one concatenation, that of each slice a zero-filled
+        # full-width gradient to add up
+        widths = [sum(b.out_features for b in members) for _, members in runs]
+        pieces = y.split(widths, -1) if len(runs) > 1 else (y,)
+        for ((norm, group, rotary, head), members), part in zip(runs, pieces):
             if norm:
                 us = [self.output_scale(b.name) for b in members]
                 u = None
@@ -296,10 +296,10 @@ class NormSite(ScaleSite):
                 part = apply_rope(part.unflatten(-1, (-1, head)), *rope).flatten(-2)
             elif transformed and len(runs) > 1:
                 part = part.contiguous()  # a view would keep the whole fused output alive for the backward
-            at = 0
-            for b in members:
-                out[b.name] = part[..., at : at + b.out_features]
-                at += b.out_features
+            if len(members) == 1:
+                out[members[0].name] = part
+            else:
+                out.update(zip((b.name for b in members), part.split([b.out_features for b in members], -1)))
         return out
 
     # -- experts (MoE) -------------------------------------------------------------------------------------
