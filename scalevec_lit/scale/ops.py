@@ -151,9 +151,9 @@ class _RopeTables(NamedTuple):
 
     c: torch.Tensor  # cos
     s: torch.Tensor  # σ₋ ⊙ sin
-    s_t: torch.Tensor  # swap(σ₋ ⊙ sin)
+    s_t: torch.Tensor  # swap(σ₋ ⊙ sin) = σ₊ ⊙ swap(sin)
     pc: torch.Tensor  # cos ⊙ k, k = 1 / (cos² + sin²): 1 up to the tables' rounding, divided out so that the
-    ps: torch.Tensor  # σ₊ ⊙ swap(sin) ⊙ k         recovery is exact
+    ps: torch.Tensor  # s_t ⊙ k                      recovery is exact
 
 
 _ROPE_TABLES: dict = {}
@@ -165,8 +165,9 @@ def _build_rope_tables(cos, sin, T: int, dtype) -> _RopeTables:
     sign = torch.ones_like(c)
     sign[..., :h] = -1.0  # σ₋
     s_signed = sign * s
+    s_t = _swap_halves(s_signed)  # = σ₊ ⊙ swap(sin)
     k = 1.0 / (c * c + s * s)
-    return _RopeTables(c, s_signed, _swap_halves(s_signed), c * k, -sign * _swap_halves(s) * k)
+    return _RopeTables(c, s_signed, s_t, c * k, s_t * k)
 
 
 def _rope_tables_for(cos: torch.Tensor, sin: torch.Tensor, T: int, dtype) -> _RopeTables:
