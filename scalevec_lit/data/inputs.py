@@ -1,26 +1,23 @@
-"""What ``prepare`` may read and where it may write.
+"""What ``prepare`` may read.
 
-- ``scan_inputs``: every text file is read once before tokenizing: binary files (NUL bytes or mostly
-  control characters in the first 8 KiB) are skipped and listed; a file that does not decode with
-  ``--encoding`` is skipped (``--errors skip``, the default), kept with U+FFFD in place of the bad bytes
-  (``replace``), or stops the run (``strict``); every skip is named, with the count of undecodable bytes.
-- ``claim_output``: the output folder must be new, empty, or hold an earlier output of prepare (recorded
-  in its manifest ``.prepare_manifest.json``, or the ``meta.json`` of older versions). ``--overwrite``
-  removes only the entries the manifest lists; an output equal to, inside or around an input folder is
-  refused. Nothing outside the output folder is ever removed, nor anything inside it that prepare did not write.
+``scan_inputs``: every text file is read once before tokenizing: binary files (NUL bytes or mostly
+control characters in the first 8 KiB) are skipped and listed; a file that does not decode with
+``--encoding`` is skipped (``--errors skip``, the default), kept with U+FFFD in place of the bad bytes
+(``replace``), or stops the run (``strict``); every skip is named, with the count of undecodable bytes.
+
+Where prepare may write (the output folder, what it owns there, ``--overwrite``, writing all or nothing)
+is the shared rule of every command that writes a folder: ``scalevec_lit/outdir.py``.
 
 Must not import Lightning.
 """
 from __future__ import annotations
 
 import codecs
-import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+#: the manifest of prepare's output before ``outdir.MANIFEST``: still read as prepare's (``outdir.LEGACY_MANIFESTS``)
 MANIFEST = ".prepare_manifest.json"
-WRITES = ("train", "val", "meta.json", MANIFEST)  # everything prepare writes into its output folder
 ERROR_POLICIES = ("skip", "replace", "strict")
 _SNIFF = 8192
 
@@ -104,43 +101,3 @@ def scan_inputs(files: list[Path], encoding: str, errors: str) -> InputScan:
             "all); give the right --encoding (e.g. latin-1), or --errors skip / replace"
         )
     return scan
-
-
-def _inside(a: Path, b: Path) -> bool:
-    return a == b or b in a.parents
-
-
-def claim_output(out: Path, inputs: list[Path], overwrite: bool) -> None:
-    """Make ``out`` ready for prepare's files, removing only what an earlier prepare wrote there."""
-    o = out.resolve()
-    for inp in inputs:
-        i = inp.resolve()
-        if _inside(o, i) or _inside(i, o):
-            where = "is" if o == i else ("is inside" if _inside(o, i) else "contains")
-            raise ValueError(
-                f"--output: {str(out)!r}: {where} the input {str(inp)!r}; prepare could overwrite your texts: "
-                "choose an output folder outside the input, e.g. data/prepared/<name>"
-            )
-    if o.exists() and not o.is_dir():
-        raise ValueError(f"--output: {str(out)!r}: is a file; give a new or empty folder")
-    if not o.exists():
-        o.mkdir(parents=True)
-    entries = {p.name for p in o.iterdir()}
-    ours = set(json.loads((o / MANIFEST).read_text()).get("writes", WRITES)) if (o / MANIFEST).is_file() else (
-        set(WRITES) if (o / "meta.json").is_file() else set())
-    foreign = sorted(entries - set(WRITES)) if ours else sorted(entries)
-    if entries and not ours:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise FileExistsError(
-            f"--output: {str(out)!r}: holds files that prepare did not write ({shown}); choose a new or empty "
-            "folder (prepare never deletes files it did not write)"
-        )
-    if (entries & ours) - {MANIFEST}:
-        if not overwrite:
-            raise FileExistsError(f"--output: {str(out)!r}: already holds prepared data; pass --overwrite to replace "
-                                  "it (only prepare's own files are removed) or choose another folder")
-        for name in sorted(entries & ours & set(WRITES)):
-            target = o / name
-            shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
-    (o / MANIFEST).write_text(json.dumps({"writes": list(WRITES), "note": "written by scalevec_lit prepare; "
-                                          "--overwrite removes only these entries"}, indent=2))

@@ -10,9 +10,10 @@ hash of (file, row) does. So the split is disjoint, reproducible and unchanged w
 Every document or segment is encoded with an end-of-text id appended, and the token stream is written
 with litdata's ``optimize`` (``TokensLoader``), in parallel workers over work units (files, or groups of
 parquet row groups). ``meta.json`` records the tokenizer, its vocabulary and the counts; the data module
-checks it. What prepare reads and where it writes (binary and undecodable files, the output folder it
-owns, ``--overwrite``) is in ``inputs.py``; it ends with a summary of files read and skipped, and of the
-rows skipped in each file (missing field, null, not a string, empty, invalid JSON).
+checks it. What prepare reads (binary and undecodable files) is in ``inputs.py``; where it writes (the output
+folder it owns, ``--overwrite``, all or nothing) in ``scalevec_lit/outdir.py``. It ends with a summary of
+files read and skipped, and of the rows skipped in each file (missing field, null, not a string, empty,
+invalid JSON); a prepare that fails prints what it had skipped until then on stderr, before the error.
 
 Must not import Lightning.
 """
@@ -24,6 +25,7 @@ import os
 import sys
 import tempfile
 import zlib
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Iterator, Optional
@@ -31,7 +33,8 @@ from typing import Iterator, Optional
 import torch
 
 from .formats import FORMATS_HELP, KIND_NAMES, RowCounts, iter_documents, plan_units, resolve_inputs
-from .inputs import ERROR_POLICIES, claim_output, scan_inputs
+from ..outdir import OutputFolder
+from .inputs import ERROR_POLICIES, scan_inputs
 from .tokenizer import DEFAULT_TEXT_DIR, DEFAULT_TOKENIZER, TEXT_SUFFIXES, Tokenizer
 
 META = "meta.json"
@@ -79,6 +82,31 @@ def _tokenize_unit(
         yield torch.tensor(tok.encode(doc), dtype=torch.int32)
     if counts_dir is not None:  # the workers are other processes: the counts come back through files
         (Path(counts_dir) / f"{split}-{spec['id']}.json").write_text(json.dumps({"rel": rel, **counts.to_json()}))
+
+
+@contextmanager
+def _report_on_failure(scanned: list[str], counts_dir: str, text_field: str, rows: list) -> Iterator[None]:
+    """When prepare fails, print what it had skipped until then (``prepare: `` lines on stderr, before the
+    error): the binary and undecodable files, and the rows skipped in the files tokenized so far."""
+    try:
+        yield
+    except BaseException:
+        per_file: dict[str, RowCounts] = {}
+        for part in sorted(Path(counts_dir).glob("*.json")):
+            try:
+                data = json.loads(part.read_text())
+                rel = data.pop("rel")
+                per_file[rel] = per_file.get(rel, RowCounts()).merge(RowCounts.from_json(data))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # a worker stopped while writing it
+        kinds = {s.rel: s.kind for s in rows}
+        lines = [*scanned, *(c.describe(rel, text_field, kinds.get(rel, "jsonl"))
+                             for rel, c in sorted(per_file.items()) if c.bad or c.error)]
+        if lines:
+            print("prepare: stopped before the end (nothing was written); skipped until then:", file=sys.stderr)
+            for line in lines:
+                print(f"prepare:   {line}", file=sys.stderr, flush=True)
+        raise
 
 
 def _as_list(inputs) -> list:
@@ -137,69 +165,77 @@ def prepare(
     sources = [s for s in found.sources if s.kind != "text" or s.path in kept]
     units = plan_units(sources, text_field)
     out = Path(output_dir)
-    claim_output(out, found.roots, overwrite)
     workers = num_workers if num_workers is not None else max(1, min(len(units), os.cpu_count() or 1))
     counts = {}
-    with tempfile.TemporaryDirectory(prefix="scalevec-prepare-") as counts_dir:
-        for split in ("train", "val"):
-            fn = partial(
-                _tokenize_unit,
-                tokenizer=str(tok.path.resolve()),
-                split=split,
-                val_fraction=val_fraction,
-                segment_chars=segment_chars,
-                encoding=encoding,
-                text_field=text_field,
-                counts_dir=counts_dir,
-            )
-            optimize(
-                fn=fn,
-                inputs=[json.dumps(u) for u in units],
-                output_dir=str((out / split).resolve()),
-                chunk_size=chunk_tokens,
-                item_loader=TokensLoader(),
-                num_workers=workers,
-                mode="overwrite",
-                start_method="fork" if os.name == "posix" else None,
-                verbose=True,
-            )
-            index = json.loads((out / split / "index.json").read_text())
-            counts[split] = int(sum(c["dim"] or 0 for c in index["chunks"]))
-            if counts[split] == 0:
-                raise ValueError(
-                    f"--input: {shown!r}: gave no {split} tokens; add text or change --val-fraction ({val_fraction})"
+    claim = OutputFolder(out, command="prepare", key="--output", overwrite=overwrite,
+                         inputs=[*(("--input", r) for r in found.roots), ("--tokenizer", tok.path)])
+    dest = claim.begin()  # everything is written there, and moved into --output only when complete
+    try:
+        with tempfile.TemporaryDirectory(prefix="scalevec-prepare-") as counts_dir, \
+                _report_on_failure(scan.summary(root), counts_dir, text_field, rows):
+            for split in ("train", "val"):
+                fn = partial(
+                    _tokenize_unit,
+                    tokenizer=str(tok.path.resolve()),
+                    split=split,
+                    val_fraction=val_fraction,
+                    segment_chars=segment_chars,
+                    encoding=encoding,
+                    text_field=text_field,
+                    counts_dir=counts_dir,
                 )
-        per_file: dict[str, RowCounts] = {}
-        for part in sorted(Path(counts_dir).glob("*.json")):
-            data = json.loads(part.read_text())
-            rel = data.pop("rel")
-            per_file[rel] = per_file.get(rel, RowCounts()).merge(RowCounts.from_json(data))
-    kinds = {s.rel: s.kind for s in rows}
-    bad_files = {rel: c for rel, c in per_file.items() if c.bad or c.error}
-    n_rows, n_bad = sum(c.rows for c in per_file.values()), sum(c.bad for c in per_file.values())
-    formats = {k: sum(1 for s in sources if s.kind == k) for k in KIND_NAMES}
-    meta = {
-        "source": str(Path(inputs[0]).resolve()) if len(inputs) == 1 else [str(Path(i).resolve()) for i in inputs],
-        "files": len(sources),
-        "formats": {k: n for k, n in formats.items() if n},
-        "encoding": encoding,
-        "text_field": text_field if rows else None,
-        "rows": {"read": n_rows, "skipped": n_bad} if rows else None,
-        "skipped": {"binary": [str(p) for p in scan.binary],
-                    "undecodable": {str(p): n for p, n in scan.undecodable.items()},
-                    "replaced": {str(p): n for p, n in scan.replaced.items()},
-                    "rows": {rel: c.to_json() for rel, c in sorted(bad_files.items())}},
-        "ignored": [str(p) for p in found.ignored],
-        "tokenizer": str(tok.path.resolve()),
-        "tokenizer_sha256": tok.fingerprint(),
-        "vocab_size": tok.vocab_size,
-        "eos_id": tok.eos_id,
-        "tokens": counts,
-        "chunk_tokens": chunk_tokens,
-        "val_fraction": val_fraction,
-        "segment_chars": segment_chars,
-    }
-    (out / META).write_text(json.dumps(meta, indent=2))
+                optimize(
+                    fn=fn,
+                    inputs=[json.dumps(u) for u in units],
+                    output_dir=str((dest / split).resolve()),
+                    chunk_size=chunk_tokens,
+                    item_loader=TokensLoader(),
+                    num_workers=workers,
+                    mode="overwrite",
+                    start_method="fork" if os.name == "posix" else None,
+                    verbose=True,
+                )
+                index = json.loads((dest / split / "index.json").read_text())
+                counts[split] = int(sum(c["dim"] or 0 for c in index["chunks"]))
+                if counts[split] == 0:
+                    raise ValueError(
+                        f"--input: {shown!r}: gave no {split} tokens; add text or change --val-fraction ({val_fraction})"
+                    )
+            per_file: dict[str, RowCounts] = {}
+            for part in sorted(Path(counts_dir).glob("*.json")):
+                data = json.loads(part.read_text())
+                rel = data.pop("rel")
+                per_file[rel] = per_file.get(rel, RowCounts()).merge(RowCounts.from_json(data))
+        kinds = {s.rel: s.kind for s in rows}
+        bad_files = {rel: c for rel, c in per_file.items() if c.bad or c.error}
+        n_rows, n_bad = sum(c.rows for c in per_file.values()), sum(c.bad for c in per_file.values())
+        formats = {k: sum(1 for s in sources if s.kind == k) for k in KIND_NAMES}
+        meta = {
+            "source": str(Path(inputs[0]).resolve()) if len(inputs) == 1 else [str(Path(i).resolve()) for i in inputs],
+            "files": len(sources),
+            "formats": {k: n for k, n in formats.items() if n},
+            "encoding": encoding,
+            "text_field": text_field if rows else None,
+            "rows": {"read": n_rows, "skipped": n_bad} if rows else None,
+            "skipped": {"binary": [str(p) for p in scan.binary],
+                        "undecodable": {str(p): n for p, n in scan.undecodable.items()},
+                        "replaced": {str(p): n for p, n in scan.replaced.items()},
+                        "rows": {rel: c.to_json() for rel, c in sorted(bad_files.items())}},
+            "ignored": [str(p) for p in found.ignored],
+            "tokenizer": str(tok.path.resolve()),
+            "tokenizer_sha256": tok.fingerprint(),
+            "vocab_size": tok.vocab_size,
+            "eos_id": tok.eos_id,
+            "tokens": counts,
+            "chunk_tokens": chunk_tokens,
+            "val_fraction": val_fraction,
+            "segment_chars": segment_chars,
+        }
+        (dest / META).write_text(json.dumps(meta, indent=2))
+        claim.commit()
+    except BaseException:
+        claim.abandon()
+        raise
     read = [f"{len(scan.files)} of {len(texts)} text file(s)"] if texts else []
     for kind in ("jsonl", "parquet", "arrow"):
         if formats[kind]:

@@ -1,0 +1,268 @@
+"""The output folder of a command that writes one (``prepare``, ``export``, ``import``, ``convert``): which
+files it owns, and writing them all or nothing.
+
+``with output_folder(out, command="export", key="--out", inputs=[("--ckpt", ckpt)], overwrite=...) as tmp:``
+the command writes everything into ``tmp``; when the block ends without an error the new files take the
+place of the old ones, otherwise ``out`` is left exactly as it was. The rules:
+
+- ``out`` must not be one of the inputs, be inside one or contain one (paths resolved, symlinks followed);
+- ``out`` must be new, empty, or hold an earlier output of the same kind of command, listed in its manifest
+  ``.scalevec_manifest.json`` (the command and every top-level entry it wrote). ``prepare`` owns prepared
+  data (and reads the ``.prepare_manifest.json`` of older versions as its manifest); ``export``, ``import``
+  and ``convert`` own model folders, each other's included. A folder holding anything else without such a
+  manifest is refused, naming the files; replacing an earlier output needs ``overwrite``;
+- everything is written into a temporary sibling ``.<name>.tmp-<pid>`` (same file system). On success the
+  entries the old manifest lists are removed and the new ones moved in: the whole folder is renamed into
+  place when ``out`` did not exist or held only the command's own files, otherwise entry by entry, so that
+  the user's other files in it stay. A new entry whose name is taken by a file the command did not write is
+  refused before anything moves;
+- on any error, ``KeyboardInterrupt`` included, the temporary sibling is removed, and so are the parent
+  folders this call created: nothing is left behind. A process killed outright (SIGKILL) leaves its
+  temporary sibling; the next command writing there names it (``warning:``) so that it can be deleted.
+
+Plain Python: must not import torch or Lightning.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
+
+from .errors import UserError, notice
+
+MANIFEST = ".scalevec_manifest.json"
+#: manifests of older versions: file name -> (command, the entries it wrote when the file lists none)
+LEGACY_MANIFESTS = {".prepare_manifest.json": ("prepare", ("train", "val", "meta.json", ".prepare_manifest.json"))}
+MODEL_COMMANDS = ("export", "import", "convert")
+#: which earlier outputs a command may replace (with --overwrite)
+OWNERS = {"prepare": ("prepare",), **{c: MODEL_COMMANDS for c in MODEL_COMMANDS}}
+SHOWN = 5  # names listed in a message
+
+
+def _names(names: Iterable[str]) -> str:
+    names = sorted(names)
+    return ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+
+
+def _inside(a: Path, b: Path) -> bool:
+    """``a`` is ``b`` or lies inside it (both resolved)."""
+    return a == b or b in a.parents
+
+
+def refuse_overlap(out: str | Path, inputs: Iterable[tuple[str, str | Path]], key: str, command: str) -> None:
+    """A ``UserError`` when ``out`` is an input, lies inside one or contains one (symlinks resolved)."""
+    o = Path(out).resolve()
+    for input_key, inp in inputs:
+        i = Path(inp).resolve()
+        if _inside(o, i) or _inside(i, o):
+            where = "is" if o == i else ("is inside" if _inside(o, i) else "contains")
+            raise UserError(key, repr(str(out)), f"{where} the input {str(inp)!r} ({input_key}); {command} could "
+                            "overwrite what it reads", "choose an output folder outside the input, e.g. a new "
+                            "folder beside it")
+
+
+@dataclass
+class Holding:
+    """What an existing output folder holds: whose output (``command``), which entries are that output's
+    (``ours``, its manifest included) and which are not (``foreign``)."""
+
+    command: Optional[str] = None
+    ours: set[str] = field(default_factory=set)
+    foreign: set[str] = field(default_factory=set)
+
+    @property
+    def data(self) -> set[str]:
+        return self.ours - {MANIFEST, *LEGACY_MANIFESTS}
+
+
+def _read_manifest(folder: Path) -> tuple[Optional[str], set[str]]:
+    """``(command, entries it wrote)`` from the folder's manifest; ``(None, set())`` when it has none."""
+    for name, (command, default) in [(MANIFEST, (None, ())), *LEGACY_MANIFESTS.items()]:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+            files = data.get("files", data.get("writes", default)) if isinstance(data, dict) else None
+            command = data.get("command", command)
+        except (OSError, ValueError, AttributeError):
+            continue  # unreadable: not a manifest of ours, so the folder's files are not ours either
+        if isinstance(command, str) and isinstance(files, list) and all(isinstance(f, str) for f in files):
+            return command, {f for f in files if f and "/" not in f and f not in (".", "..")} | {name}
+    return None, set()
+
+
+def inspect(folder: Path, command: str) -> Holding:
+    """What ``folder`` (resolved, an existing folder) holds, as seen by ``command``."""
+    entries = {p.name for p in folder.iterdir()}
+    owner, listed = _read_manifest(folder)
+    if owner not in OWNERS[command]:
+        return Holding(None, set(), entries)
+    return Holding(owner, entries & listed, entries - listed)
+
+
+class OutputFolder:
+    """One command's claim on its output folder (see the module docstring); ``output_folder`` uses it."""
+
+    def __init__(self, out: str | Path, *, command: str, key: str = "--out",
+                 inputs: Iterable[tuple[str, str | Path]] = (), overwrite: bool = False) -> None:
+        self.out, self.command, self.key, self.overwrite = Path(out), command, key, overwrite
+        self.inputs = [(k, p) for k, p in inputs if p is not None]
+        self.real = self.out.resolve()
+        self.tmp: Optional[Path] = None
+        self.created: list[Path] = []  # parent folders made by this claim (removed again on failure)
+
+    # -- the checks ---------------------------------------------------------------------------------------
+    def _error(self, problem: str, fix: str) -> UserError:
+        return UserError(self.key, repr(str(self.out)), problem, fix)
+
+    def check(self) -> Holding:
+        """Refuse an output that overlaps an input, is a file, or holds what this command may not replace."""
+        refuse_overlap(self.out, self.inputs, self.key, self.command)
+        if not self.real.exists():
+            return Holding()
+        if not self.real.is_dir():
+            raise self._error("is a file, not a folder", "give a new or empty folder")
+        held = inspect(self.real, self.command)
+        if held.command is None and held.foreign:
+            raise self._error(
+                f"holds files that {self.command} did not write ({_names(held.foreign)})",
+                f"choose a new or empty folder ({self.command} never deletes or replaces files it did not write; "
+                f"it owns only what its manifest {MANIFEST} lists)")
+        if held.data and not self.overwrite:
+            what = "prepared data" if held.command == "prepare" else f"the output of {held.command}"
+            raise UserError(self.key, f"{str(self.out)!r} exists and is not an empty folder",
+                            f"it already holds {what} ({_names(held.data)})",
+                            f"pass --overwrite to replace it (only the files its manifest {MANIFEST} lists are "
+                            "removed) or choose another folder")
+        return held
+
+    # -- writing ------------------------------------------------------------------------------------------
+    def _sibling(self, kind: str) -> Path:
+        base = self.real.parent / f".{self.real.name}.{kind}-{os.getpid()}"
+        path, n = base, 1
+        while path.exists() or path.is_symlink():
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+        return path
+
+    def _warn_stale(self) -> None:
+        for kind in ("tmp", "old"):
+            for path in self.real.parent.glob(f".{self.real.name}.{kind}-*"):
+                pid = path.name.rsplit(f".{kind}-", 1)[1].split("-")[0]
+                if pid.isdigit() and not _alive(int(pid)):
+                    notice(f"{path}: left by an interrupted {self.command} or another command writing "
+                           f"{self.out} (process {pid} is gone); delete it", "warning")
+
+    def begin(self) -> Path:
+        self.check()
+        missing = [p for p in [self.real.parent, *self.real.parent.parents] if not p.exists()]
+        for parent in reversed(missing):
+            parent.mkdir()
+            self.created.append(parent)
+        self._warn_stale()
+        self.tmp = self._sibling("tmp")
+        self.tmp.mkdir()
+        return self.tmp
+
+    def commit(self) -> list[str]:
+        """Move the new entries in place of the old ones; returns the new entries (the manifest last)."""
+        assert self.tmp is not None
+        held = self.check()  # again: another process may have written there in the meantime
+        new = sorted(p.name for p in self.tmp.iterdir() if p.name != MANIFEST)
+        clash = sorted(held.foreign & {*new, MANIFEST})
+        if clash:
+            raise self._error(f"holds {_names(clash)}, which {self.command} did not write and would have to "
+                              "replace", "move it out of the folder or choose another folder")
+        note = (f"written by scalevec_lit {self.command}; a later {'/'.join(OWNERS[self.command])} --overwrite "
+                "removes exactly these entries and nothing else")
+        (self.tmp / MANIFEST).write_text(json.dumps({"command": self.command, "files": new, "note": note}, indent=2))
+        if not self.real.exists():
+            os.rename(self.tmp, self.real)
+        elif held.ours and not held.foreign:  # only our own files: swap the whole folder
+            os.chmod(self.tmp, self.real.stat().st_mode & 0o7777)
+            old = self._sibling("old")
+            os.rename(self.real, old)
+            try:
+                os.rename(self.tmp, self.real)
+            except BaseException:
+                os.rename(old, self.real)
+                raise
+            _remove(old)
+        else:  # an empty folder, or the user's files beside ours: entry by entry
+            self._move_entries(sorted(held.ours), [*new, MANIFEST])
+        self.tmp = None
+        return [*new, MANIFEST]
+
+    def _move_entries(self, old_names: list[str], new_names: list[str]) -> None:
+        assert self.tmp is not None
+        trash = self._sibling("old") if old_names else None
+        moved_old: list[str] = []
+        moved_new: list[str] = []
+        try:
+            if trash is not None:
+                trash.mkdir()
+            for name in old_names:
+                os.rename(self.real / name, trash / name)
+                moved_old.append(name)
+            for name in new_names:
+                os.rename(self.tmp / name, self.real / name)
+                moved_new.append(name)
+        except BaseException:
+            for name in reversed(moved_new):
+                os.rename(self.real / name, self.tmp / name)
+            for name in reversed(moved_old):
+                os.rename(trash / name, self.real / name)
+            if trash is not None:
+                _remove(trash)
+            raise
+        self.tmp.rmdir()
+        if trash is not None:
+            _remove(trash)
+
+    def abandon(self) -> None:
+        """Remove the temporary sibling and the parent folders this claim created."""
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+        for parent in reversed(self.created):  # deepest first
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+        self.created = []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        return True
+    return True
+
+
+def _remove(path: Path) -> None:
+    try:
+        shutil.rmtree(path)
+    except OSError as err:
+        notice(f"{path}: the replaced files could not be removed ({err}); delete the folder", "warning")
+
+
+@contextmanager
+def output_folder(out: str | Path, *, command: str, key: str = "--out", inputs: Iterable[tuple[str, str | Path]] = (),
+                  overwrite: bool = False) -> Iterator[Path]:
+    """Write ``out`` all or nothing: yields the temporary folder to write into (see the module docstring)."""
+    claim = OutputFolder(out, command=command, key=key, inputs=inputs, overwrite=overwrite)
+    tmp = claim.begin()
+    try:
+        yield tmp
+        claim.commit()
+    except BaseException:
+        claim.abandon()
+        raise
