@@ -34,13 +34,14 @@ from typing import Any, Optional
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from scalevec_lit import stopsignal
 from scalevec_lit.errors import notice
 from scalevec_lit.runlock import acquire_folder, check_lineage, release_folder
 from scalevec_lit.verify import unreadable, verify_checkpoint
 
 __all__ = ["SafeModelCheckpoint", "SafeCheckpointIO"]
 
-STOP_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGUSR1")) if s is not None)
+STOP_SIGNALS = stopsignal.STOP_SIGNALS
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
@@ -174,6 +175,15 @@ class SafeModelCheckpoint(ModelCheckpoint):
         for signum in STOP_SIGNALS:
             self._previous_handlers[signum] = signal.getsignal(signum)
             signal.signal(signum, self._on_signal)
+        stopsignal.enter_training()
+        stopsignal.at_step(trainer.global_step)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        super().on_train_end(trainer, pl_module)
+        stopsignal.leave_training(trainer.global_step)  # a signal now waits for the last writes
+        if self._received is not None and self.stop_signal is None:  # arrived after the last step's check
+            stopsignal.remember(self._received)
+        self._restore_handlers()
 
     def _on_signal(self, signum: int, frame) -> None:
         if self._received is not None:  # the second one: stop at once, as without this callback
@@ -191,6 +201,7 @@ class SafeModelCheckpoint(ModelCheckpoint):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        stopsignal.at_step(trainer.global_step)
         received = self._received
         if trainer.world_size > 1:
             if trainer.global_step % self.stop_check_every_n_steps:

@@ -6,8 +6,8 @@ Every user error is printed as one paragraph on stderr,
 - 2 for a bad command line or recipe (``UserError``, ``ValueError``, a missing file named on the command
   line, Lightning's ``MisconfigurationException``),
 - 1 for a failure at run time (``RunError``, a corrupt checkpoint, a non-finite loss, an ``OSError``),
-- 128 + the signal number after a stop by SIGINT/SIGTERM/SIGUSR1 (a checkpoint was saved; see
-  ``callbacks/checkpoint.py``).
+- 128 + the signal number after a stop by SIGINT/SIGTERM/SIGUSR1 at any moment (during training a
+  checkpoint was saved, ``callbacks/checkpoint.py``; before it, nothing needed saving: ``stopsignal.py``).
 
 ``--debug`` (any position on the command line) or ``SCALEVEC_DEBUG=1`` shows the traceback instead.
 Anything else is a bug: one paragraph that says so, and how to see the traceback.
@@ -119,18 +119,39 @@ def report(err: BaseException) -> int:
 
 
 def run_guarded(fn: Callable[[list[str]], Any], argv: list[str]) -> Any:
-    """Call ``fn(argv without --debug)``; turn any exception into one paragraph and ``SystemExit(code)``."""
+    """Call ``fn(argv without --debug)``; turn any exception into one paragraph and ``SystemExit(code)``, and a
+    stop signal at any moment into one line and ``SystemExit(128 + signal)`` (``stopsignal.py``)."""
+    from . import stopsignal
+
     argv, debug = strip_debug(list(argv))
-    if debug:
-        os.environ[DEBUG_ENV] = "1"
-        return fn(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    nested = stopsignal.enter_command()  # e.g. `python -m scalevec_lit export` calls export's main through here
+    previous = {} if nested else stopsignal.install(command)
     try:
-        return fn(argv)
+        if debug:
+            os.environ[DEBUG_ENV] = "1"
+        result = fn(argv)
+        pending = 0 if nested else stopsignal.pending_exit_code()
+        if pending:
+            print(f"error: {stopsignal.describe_pending()}", file=sys.stderr, flush=True)
+            raise SystemExit(pending)
+        return result
     except SystemExit:
         raise
-    except KeyboardInterrupt:
-        print("error: interrupted (Ctrl-C) before training started; nothing was saved", file=sys.stderr)
-        raise SystemExit(130) from None
-    except BaseException as err:  # noqa: BLE001 - the point of this function
-        raise fail(err) from None
+    except (stopsignal.StopSignal, KeyboardInterrupt) as err:
+        if nested:
+            raise
+        if debug:
+            import traceback
 
+            traceback.print_exc()
+        stop = err if isinstance(err, stopsignal.StopSignal) else stopsignal.StopSignal(2)  # 2: SIGINT
+        print(f"error: {stop}", file=sys.stderr, flush=True)
+        raise SystemExit(stop.exit_code) from None
+    except BaseException as err:  # noqa: BLE001 - the point of this function
+        if debug:
+            raise
+        raise fail(err) from None
+    finally:
+        stopsignal.leave_command()
+        stopsignal.restore(previous)

@@ -1,0 +1,134 @@
+"""Stop signals at any moment of a command: one line on stderr and exit code 128 + the signal number.
+
+SIGINT (Ctrl-C), SIGTERM and SIGUSR1 mean "stop" whenever they arrive:
+
+- during start-up (imports, recipe checks, building the model and the data, the validation sanity check,
+  restoring a checkpoint) there is nothing new to save: the command stops at once
+  (``stopped by SIGTERM during start-up (before the first training step): nothing was trained since the
+  command started, nothing was saved; ...``);
+- during training, ``SafeModelCheckpoint`` (``callbacks/checkpoint.py``) takes the signal over: it finishes
+  the current step, saves a checkpoint and stops; a second signal stops at once, without saving;
+- after training (the last checkpoint, logger flushes) the signal is remembered and the command ends
+  normally, then exits 128 + the signal (the run was complete, so scripts still see the signal);
+- any other command (``prepare``, ``export``, ``import``, ``convert``, ``generate``, ``study``) stops at once;
+  the commands that write a folder leave it as it was (they write into a temporary sibling).
+
+``install()`` is called first thing by ``python -m scalevec_lit`` (before Lightning is imported);
+``errors.run_guarded`` turns ``StopSignal`` (and a bare ``KeyboardInterrupt``) into the line and the exit code.
+Plain Python: no torch, no Lightning.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any, Optional
+
+SIGNAL_NAMES = ("SIGINT", "SIGTERM", "SIGUSR1")
+STOP_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in SIGNAL_NAMES) if s is not None)
+
+#: Where the command is: ``start-up`` (nothing to save), ``training`` (a checkpoint callback owns the
+#: signals), ``finishing`` (training is over; the signal is remembered until the command returns).
+_state: dict[str, Any] = {"phase": "start-up", "step": None, "pending": None, "command": None, "depth": 0}
+
+
+class StopSignal(BaseException):
+    """Raised by the start-up handler: a stop signal arrived when there was nothing to save."""
+
+    def __init__(self, signum: int, message: Optional[str] = None) -> None:
+        self.signum = int(signum)
+        self.exit_code = 128 + self.signum
+        super().__init__(message or describe(self.signum))
+
+
+def name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def describe(signum: int) -> str:
+    """The one line for a stop by ``signum`` in the current phase (without ``error:``)."""
+    phase, step, command = _state["phase"], _state["step"], _state["command"]
+    if phase == "training":
+        return (f"stopped at once by a second {name(signum)} at step {step}: the steps since the last checkpoint "
+                "were not saved; resume with the same command and --ckpt_path last")
+    if phase == "finishing":
+        return (f"stopped at once by a second {name(signum)} after the last training step ({step}): the run had "
+                "finished, its last checkpoint may not have been written; resume with --ckpt_path last to write it")
+    if command in (None, "fit"):
+        return (f"stopped by {name(signum)} during start-up (before the first training step): nothing was "
+                "trained since the command started, nothing was saved; run the same command again (add "
+                "--ckpt_path last to resume an earlier run)")
+    return (f"stopped by {name(signum)} during {command}: nothing was written (an output folder is left as it "
+            "was); run the same command again")
+
+
+def _handler(signum: int, frame: Any) -> None:
+    if _state["phase"] == "finishing" and _state["pending"] is None:
+        _state["pending"] = signum
+        from .errors import notice
+
+        notice(f"received {name(signum)} after the last training step: finishing the run's last writes, then "
+               f"exiting with {128 + signum} (send it again to stop at once)")
+        return
+    raise StopSignal(signum)
+
+
+def install(command: Optional[str] = None) -> dict[int, Any]:
+    """Make every stop signal raise ``StopSignal`` (main thread only); returns the handlers it replaced."""
+    _state.update(phase="start-up", step=None, pending=None, command=command)
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for signum in STOP_SIGNALS:
+        previous[signum] = signal.getsignal(signum)
+        signal.signal(signum, _handler)
+    return previous
+
+
+def enter_command() -> bool:
+    """Count a guarded command; ``True`` when it runs inside another (the outer one reports signals)."""
+    _state["depth"] += 1
+    return _state["depth"] > 1
+
+
+def leave_command() -> None:
+    _state["depth"] -= 1
+
+
+def restore(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        if handler is not _handler:
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def enter_training() -> None:
+    """A checkpoint callback has taken the signals over (until ``leave_training``)."""
+    _state.update(phase="training")
+
+
+def at_step(step: int) -> None:
+    _state["step"] = step
+
+
+def leave_training(step: int) -> None:
+    """Training is over: a first signal from now on is remembered and reported when the command returns."""
+    _state.update(phase="finishing", step=step)
+
+
+def remember(signum: int) -> None:
+    """A signal that arrived after training's last check: the command exits with it when it returns."""
+    if _state["pending"] is None:
+        _state["pending"] = int(signum)
+
+
+def describe_pending() -> str:
+    signum = _state["pending"]
+    return (f"stopped by {name(signum)} after the last training step ({_state['step']}): the run had finished and "
+            "wrote its last checkpoint; nothing is left to resume")
+
+
+def pending_exit_code() -> int:
+    """128 + the signal received after training (0 if none)."""
+    return 128 + _state["pending"] if _state["pending"] is not None else 0
