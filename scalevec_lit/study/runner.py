@@ -27,6 +27,7 @@ from typing import Optional
 
 import yaml
 
+from ..stopsignal import StopSignal
 from .events import collect_done, endpoint, read_scalars, run_endpoint
 from .spec import CKPT_DIR, DONE, VAL_TAG, Run, Study, fit_command, fmt_lr, run_callbacks, run_dir
 from .stats import best_lr
@@ -223,7 +224,7 @@ def run_study(study: Study, out: Path, parallel: int = 1, dry_run: bool = False,
                 if proc.poll() is not None:
                     running.remove(item)
                     failed += not _finish(study, r, root, proc.returncode, t0, provenance)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, StopSignal):  # Ctrl-C or any stop signal (``stopsignal.py``): stop the runs too
         for proc, *_ in running:
             proc.terminate()
         for proc, *_ in running:
