@@ -13,9 +13,12 @@ activation beyond what its neighbours save anyway.
   inverses are folded into small per-position tables (``_Tables``; their part without ``u`` is built once
   per RoPE buffer, ``_RopeTables``), so that each pass over the activations is one multiply and one
   in-place multiply-add (about a third of the passes of the plain composition's autograd; see
-  benchmarks/RESULTS.md). This is exact wherever
-  ``u_j ≠ 0``; a channel whose ``u_j`` is exactly 0 passes no gradient to ``u_j`` (documented in
-  the README; no shipped parameterization starts there and nothing decays output-role scales).
+  benchmarks/RESULTS.md). Dividing by ``u`` cannot recover a channel whose ``u_j`` is exactly 0 (its output
+  is 0 whatever the input), and that channel's normalized input enters the gradients of ``u_j``, of the
+  whole group's input (through the RMS) and so of the rows of W_q/W_k and everything upstream. So when
+  some ``u_j`` is exactly 0 (checked once per call on the small ``u``; only when a gradient is wanted) the
+  function also saves the normalized input and its backward uses it instead of dividing: exact for every
+  ``u``, at one activation-sized tensor more in that case only.
 
 Also the rotate-half RoPE (``apply_rope``) that both this module and the model use.
 
@@ -236,7 +239,9 @@ def _compute_dtype_of(t: torch.Tensor) -> torch.dtype:
 
 class _GroupNormRope(torch.autograd.Function):
     """Saves the output (attention keeps q and k anyway) and the per-group reciprocal RMS; the backward
-    recovers the normalized input from the output with ``_Tables`` (recomputed, never saved)."""
+    recovers the normalized input from the output with ``_Tables`` (recomputed, never saved). With some
+    ``u_j`` exactly 0 it saves the normalized input too and differentiates from it
+    (``_backward_from_input``)."""
 
     @staticmethod
     def forward(ctx, a, u, cos, sin, eps: float):
@@ -246,12 +251,16 @@ class _GroupNormRope(torch.autograd.Function):
         t = _norm_rope_tables(u, cos, sin, a.shape[1], compute, backward=False)
         y = _pair_mul(n.to(compute), t.A, t.B).to(a.dtype)
         ctx.dtype = a.dtype
-        ctx.save_for_backward(y, rstd, u, cos, sin)
+        # a channel with u_j = 0 cannot be recovered from y: keep the normalized input itself then
+        keep_n = u is not None and any(ctx.needs_input_grad[:2]) and bool((u == 0).any())
+        ctx.save_for_backward(y, rstd, u, cos, sin, n if keep_n else None)
         return y
 
     @staticmethod
     def backward(ctx, gy):
-        y, rstd, u, cos, sin = ctx.saved_tensors
+        y, rstd, u, cos, sin, n = ctx.saved_tensors
+        if n is not None:
+            return _backward_from_input(ctx, gy, n, rstd, u, cos, sin)
         compute = _compute_dtype_of(y)
         t = _norm_rope_tables(u, cos, sin, y.shape[1], compute, backward=True)
         y, gy = y.to(compute), gy.to(compute)
@@ -259,10 +268,26 @@ class _GroupNormRope(torch.autograd.Function):
         gn = _pair_mul(gy, t.A, t.Bt)
         m = gn * n
         gu = None
-        if u is not None:  # ∂L/∂u = Σ_{B,T} ∂L/∂(u ⊙ n) ⊙ n = Σ gn ⊙ n / u; 0 where u = 0 (P, Q vanish there too)
+        if u is not None:  # ∂L/∂u = Σ_{B,T} ∂L/∂(u ⊙ n) ⊙ n = Σ gn ⊙ n / u (here no u_j is 0)
             gu = (m.sum(dim=tuple(range(m.ndim - 2))) * t.inv_u).to(u.dtype)
         ga = torch.addcmul(gn, n, m.mean(-1, keepdim=True), value=-1.0).mul_(rstd.to(compute))
         return ga.to(ctx.dtype), gu, None, None, None
+
+
+def _backward_from_input(ctx, gy, n, rstd, u, cos, sin):
+    """The backward from the saved normalized input ``n`` (some ``u_j`` exactly 0): ``gz = RoPEᵀ(gy)``,
+    ``∂L/∂u = Σ gz ⊙ n``, ``gn = gz ⊙ u``, ``∂L/∂a = (gn − n · mean(gn ⊙ n)) / RMS(a)``; nothing divides."""
+    compute = _compute_dtype_of(n)
+    n, gy = n.to(compute), gy.to(compute)
+    if cos is None:
+        gz = gy
+    else:
+        r = _rope_tables_for(cos, sin, n.shape[1], compute)
+        gz = _pair_mul(gy, r.c, r.s_t)
+    gu = (gz * n).sum(dim=tuple(range(n.ndim - 2))).to(u.dtype)
+    gn = gz * u.to(compute)
+    ga = torch.addcmul(gn, n, (gn * n).mean(-1, keepdim=True), value=-1.0).mul_(rstd.to(compute))
+    return ga.to(ctx.dtype), gu, None, None, None
 
 
 def _rms_norm_with_rstd(a: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
