@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import os
 import signal
 import subprocess
@@ -253,6 +254,25 @@ def test_bootstrap_ci_exact_for_small_n_and_ordered():
     assert a[0] <= narrow[0] < narrow[1] <= a[1]
 
 
+def test_paired_ci_holds_its_level_at_two_three_and_five_seeds():
+    """The paired comparison's 95% interval covers the true mean difference of normal differences in at least
+    93% of 2000 simulated studies at n = 2, 3 and 5 (exactly 95% in expectation for the Student-t interval;
+    the binomial spread of 2000 draws is 0.5%). The percentile bootstrap it replaced covers about 50% at
+    n = 2 and 68% at n = 3."""
+    rng = random.Random(23)
+    for n in (2, 3, 5):
+        hits = 0
+        for _ in range(2000):
+            var = {s: rng.gauss(0.3, 0.7) for s in range(n)}
+            p = stats.paired(var, dict.fromkeys(range(n), 0.0))
+            lo, hi = p["ci"]
+            hits += lo <= 0.3 <= hi
+        assert hits / 2000 >= 0.93, (n, hits)
+        assert p["ci_method"] == "Student-t"
+    assert all(math.isnan(x) for x in stats.t_ci([1.0]))  # no interval from one pair
+    assert stats.t_ci([0.25, 0.25, 0.25]) == (0.25, 0.25)  # equal differences: the mean itself
+
+
 def test_paired_with_diverged_runs_and_verdicts():
     nan = float("nan")
     p = stats.paired({1: nan, 2: 5.0, 3: 5.2, 4: 5.3}, {1: 5.0, 2: 4.9, 3: 5.0, 4: nan})
@@ -317,6 +337,9 @@ def test_report_from_synthetic_grid(tmp_path):
     # same-LR at 0.003: differences 0.051, 0.052, 0.053
     row = next(line for line in report.splitlines() if line.startswith("| same LR 0.003 |"))
     assert "| 3 | +0.0520 ± 0.0010 |" in row and "3+/0−" in row
+    # the interval is named, and is the Student-t one: 0.052 ± t_{0.975, 2} · 0.001 / √3 = ± 0.00248
+    assert "| Student-t 95% CI of the mean |" in report and "paired mean (Student-t 95% CI)" in report
+    assert "| [+0.0495, +0.0545] |" in row and "bootstrap" not in report
     assert "Gap at the same LR (the reference's best, 0.003): +0.0520" in report
     for png in ("val_loss.png", "lr_sweep.png", "paired.png"):
         assert (out / png).read_bytes()[:8] == PNG_MAGIC

@@ -6,7 +6,7 @@ them with paired statistics.
 
 One file per job: ``spec`` (the study file and its grid, the ``fit`` command of a run), ``runner`` (run the
 grid resumably, record the code's commit), ``events`` (TensorBoard scalars, endpoints, complete runs),
-``stats`` (paired t, sign test, bootstrap CI, detectable effect, best LR), ``figures`` (PNG plots),
+``stats`` (paired t, sign test, Student-t CI, detectable effect, best LR), ``figures`` (PNG plots),
 ``report`` (``report.md``). The study file format is documented in ``spec``.
 
 May import yaml, tensorboard's event reader and (lazily, Agg backend) matplotlib. Must not import torch,

@@ -97,9 +97,9 @@ def plot_lr_sweep(endpoints: dict[str, dict[float, dict[int, float]]], best: dic
     plt.close(fig)
 
 
-def plot_paired(rows: list[dict], path: Path, title: str) -> None:
-    """Per comparison: the per-pair differences (dots), their mean and bootstrap 95% CI, and the zero line.
-    ``rows``: ``{"label", "diffs", "mean", "ci"}``."""
+def plot_paired(rows: list[dict], path: Path, title: str, ci_name: str = "95% CI") -> None:
+    """Per comparison: the per-pair differences (dots), their mean and its CI (``ci_name`` says which), and
+    the zero line. ``rows``: ``{"label", "diffs", "mean", "ci"}``."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(10, max(3.6, 0.55 * len(rows) + 1.4)))
     for i, r in enumerate(rows):
@@ -114,7 +114,7 @@ def plot_paired(rows: list[dict], path: Path, title: str) -> None:
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([r["label"] for r in reversed(rows)], fontsize=8)
     ax.set_xlabel("endpoint difference (variant − reference), same seed; > 0: variant worse", fontsize=9)
-    ax.set_title(f"{title}: paired differences (dots), mean (diamond) and bootstrap 95% CI", fontsize=9)
+    ax.set_title(f"{title}: paired differences (dots), mean (diamond) and {ci_name}", fontsize=9)
     ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     fig.savefig(path, dpi=90)

@@ -127,8 +127,14 @@ def _stats_cells(p: Optional[dict]) -> str:
             f"{_f(p['significant'])} / {_f(p['mde'])} |")
 
 
-STATS_HEAD = ("| comparison | pairs | paired mean ± std | t (p) | sign test | bootstrap 95% CI | "
-              "significant if \\|mean\\| > / MDE 80% |")
+def _ci_name(alpha: float) -> str:
+    """The interval's method and level, as the tables name it (``Student-t 95% CI``)."""
+    return f"{stats.CI_METHOD} {100 * (1 - alpha):g}% CI"
+
+
+def stats_head(alpha: float) -> str:
+    return (f"| comparison | pairs | paired mean ± std | t (p) | sign test | {_ci_name(alpha)} of the mean | "
+            "significant if \\|mean\\| > / MDE 80% |")
 STATS_RULE = "|---|---|---|---|---|---|---|"
 
 
@@ -267,7 +273,7 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
             summary.append((f"`{var}` − `{ref}`", how, expect, test, prim, vd))
             sec += [f"**`{var}` vs `{ref}`** (expected: {expect} loss). Primary ({how}, "
                     f"{'exact sign test' if test == 'sign' else 'paired t-test'} at {alpha:g}): **{vd}**.", "",
-                    STATS_HEAD, STATS_RULE]
+                    stats_head(alpha), STATS_RULE]
             for lr, p in c["same"].items():
                 sec.append(f"| same LR {_lr(lr)} " + _stats_cells(p))
             if c["own"] is not None and len(c["common"]) > 1:
@@ -296,7 +302,7 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
 
     if summary:
         L += ["## Verdicts (primary rule, paired)", "",
-              "| comparison | primary set | expected | test | pairs | paired mean (95% bootstrap CI) | p | "
+              f"| comparison | primary set | expected | test | pairs | paired mean ({_ci_name(alpha)}) | p | "
               "smallest significant \\|mean\\| / MDE at 80% power | verdict |", "|---|---|---|---|---|---|---|---|---|"]
         for label, how, expect, test, p, vd in summary:
             if p is None:
@@ -324,7 +330,7 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
         plot_lr_sweep({v: grid.E[v] for v in grid.order}, grid.best, out / "lr_sweep.png", title)
         L += ["![LR sweep](lr_sweep.png)", ""]
     if figs_paired:
-        plot_paired(figs_paired, out / "paired.png", title)
+        plot_paired(figs_paired, out / "paired.png", title, _ci_name(alpha))
         L += ["Paired differences of the primary comparisons:", "", "![paired differences](paired.png)", ""]
     dyn_names = study.dynamics or [base] + [v for v in grid.order if v != base][-1:]  # default: reference and the last variant
     dyn = plot_dynamics({n: dyn_roots[n] for n in dyn_names if dyn_roots.get(n)}, out / "scale_dynamics.png")

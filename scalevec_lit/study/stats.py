@@ -1,9 +1,12 @@
-"""Statistics of a study, plain Python (no numpy, no scipy): paired t, sign test, bootstrap CI, the
-smallest detectable effect, and the best learning rate of a variant."""
+"""Statistics of a study, plain Python (no numpy, no scipy): paired t, sign test, the Student-t confidence
+interval of the paired mean (``t_ci``; the percentile bootstrap, ``bootstrap_ci``, under-covers at the few
+seeds a study has: about 68% at 3 and 50% at 2 for a nominal 95%), the smallest detectable effect, and the
+best learning rate of a variant."""
 from __future__ import annotations
 
 import math
 import random
+from functools import lru_cache
 from itertools import product
 from typing import Optional
 
@@ -71,6 +74,7 @@ def t_sf2(t: float, df: float) -> float:
     return betainc(df / 2.0, 0.5, df / (df + t * t))
 
 
+@lru_cache(maxsize=256)
 def t_ppf(q: float, df: float) -> float:
     """The ``q`` quantile of Student's t (q in (0, 1)), by bisection on the CDF."""
     if q == 0.5:
@@ -112,7 +116,8 @@ def quantile(sorted_xs: list[float], q: float) -> float:
 
 def bootstrap_ci(xs: list[float], alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap CI of the mean. With n^n <= ``n_boot`` resamples possible, every resample is
-    enumerated (exact, no randomness); else ``n_boot`` resamples from a seeded generator."""
+    enumerated (exact, no randomness); else ``n_boot`` resamples from a seeded generator. Not used by
+    ``paired``: at small n it covers far less than its nominal level (``t_ci`` holds it)."""
     n = len(xs)
     if n == 0:
         return float("nan"), float("nan")
@@ -122,6 +127,21 @@ def bootstrap_ci(xs: list[float], alpha: float = 0.05, n_boot: int = 10_000, see
         rng = random.Random(seed)
         means = sorted(sum(rng.choice(xs) for _ in range(n)) / n for _ in range(n_boot))
     return quantile(means, alpha / 2.0), quantile(means, 1.0 - alpha / 2.0)
+
+
+#: how ``paired`` computes its ``ci`` (the report names it)
+CI_METHOD = "Student-t"
+
+
+def t_ci(xs: list[float], alpha: float = 0.05) -> tuple[float, float]:
+    """The Student-t ``1 − alpha`` confidence interval of the mean, ``m ± t_{1−α/2, n−1} · s / √n``: exact
+    coverage for normally distributed values at any n ≥ 2 (NaN below; ``(m, m)`` when all values are equal)."""
+    n = len(xs)
+    if n < 2:
+        return float("nan"), float("nan")
+    m, sd = mean_std(xs)
+    half = t_ppf(1.0 - alpha / 2.0, n - 1) * sd / math.sqrt(n)
+    return m - half, m + half
 
 
 def detectable(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> dict:
@@ -165,7 +185,8 @@ def paired(var: dict, ref: dict, alpha: float = 0.05) -> dict:
         out.update(t=float("inf") if m else 0.0, df=n - 1, p_t=0.0 if m else 1.0)
     else:
         out.update(t=float("nan"), df=0, p_t=float("nan"))
-    out["ci"] = bootstrap_ci(diffs, alpha)
+    out["ci"] = t_ci(diffs, alpha)  # CI_METHOD
+    out["ci_method"] = CI_METHOD
     out.update(detectable(sd, n, alpha))
     return out
 
