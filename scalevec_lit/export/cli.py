@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Optional
 
 from .checkpoint import model_from_state, read_checkpoint_extra
-from ..errors import debug_enabled, fail
+from ..errors import UserError, debug_enabled, fail
+from ..outdir import OutputFolder
 from ..verify import CheckpointError
 from .errors import ExportError
 from .hf import DTYPES
@@ -21,17 +22,21 @@ from .write import ExportResult, save_hf, save_native
 
 def export(ckpt: str | Path, out: str | Path, *, format: str = "hf", tokenizer: Optional[str | Path] = None,
            max_shard_size: int | str = "5GB", dtype: str = "float32", overwrite: bool = False) -> ExportResult:
-    """Read ``ckpt`` and export it (what ``python -m scalevec_lit export`` runs)."""
+    """Read ``ckpt`` and export it (what ``python -m scalevec_lit export`` runs). ``out`` must not overlap
+    the checkpoint or the tokenizer; it is written all or nothing (``scalevec_lit/outdir.py``)."""
     if format not in ("hf", "native"):
         raise ExportError(f"--format: {format!r} is not one of hf, native")
+    sources = [("--ckpt", ckpt), ("--tokenizer", tokenizer)]
+    OutputFolder(out, command="export", inputs=sources, overwrite=overwrite).check()  # before the long read
     spec, state, extra = read_checkpoint_extra(ckpt)
     model = model_from_state(spec, state)
     tok_path, note = find_tokenizer(ckpt, tokenizer, recorded=extra.get("tokenizer"))
+    sources.append(("the checkpoint's tokenizer", tok_path))
     if format == "native":
         return save_native(model, out, spec=spec, tokenizer=tok_path, tokenizer_note=note,
-                           max_shard_size=max_shard_size, overwrite=overwrite)
+                           max_shard_size=max_shard_size, overwrite=overwrite, sources=sources)
     return save_hf(model, out, tokenizer=tok_path, tokenizer_note=note, max_shard_size=max_shard_size,
-                   dtype=dtype, overwrite=overwrite)
+                   dtype=dtype, overwrite=overwrite, sources=sources)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -48,12 +53,14 @@ def main(argv: Optional[list[str]] = None) -> None:
                              "checkpoints the one the run's data was prepared with, through the run's config.yaml)")
     parser.add_argument("--max-shard-size", default="5GB", help="shard model.safetensors above this size (5GB)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="dtype of the hf weights")
-    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier export/import/convert in --out (removes only the files its manifest "
+                             "lists; other files stay)")
     args = parser.parse_args(argv)
     try:
         result = export(args.ckpt, args.out, format=args.format, tokenizer=args.tokenizer,
                         max_shard_size=args.max_shard_size, dtype=args.dtype, overwrite=args.overwrite)
-    except (ExportError, FileNotFoundError, CheckpointError) as err:
+    except (ExportError, UserError, FileNotFoundError, CheckpointError) as err:
         if debug_enabled():
             raise
         raise fail(err) from None  # exit 2 (a bad argument), 1 (a corrupt checkpoint); str() is the message

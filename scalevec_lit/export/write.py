@@ -1,7 +1,9 @@
 """Writing an export folder: safetensors (sharded with ``model.safetensors.index.json`` above
 ``max_shard_size``), the Hugging Face folder (``save_hf``: folded weights, ``config.json``,
 ``generation_config.json``, tokenizer files) and the native format (``save_native``: our unfolded state
-dict + the spec as JSON, read back by ``load_native``).
+dict + the spec as JSON, read back by ``load_native``). The output folder is written all or nothing, and
+``--overwrite`` replaces exactly the files of an earlier export/import/convert there, whatever its format
+(``scalevec_lit/outdir.py``): an hf export over a native one leaves no native file behind, and the reverse.
 
 Plain torch (+ safetensors): must not import Lightning or transformers, nor the cli module of this package.
 """
@@ -11,13 +13,14 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 
 from ..data.tokenizer import DEFAULT_TOKENIZER, Tokenizer
 from ..model.spec import model_spec
 from ..model.transformer import Transformer
+from ..outdir import output_folder
 from .checkpoint import NATIVE_SPEC, load_model
 from .errors import ExportError
 from .hf import DTYPES, hf_layout
@@ -65,17 +68,6 @@ def write_safetensors(tensors: dict[str, torch.Tensor], out: Path, max_shard_siz
     return names + ["model.safetensors.index.json"]
 
 
-def _prepare_out(out: str | Path, overwrite: bool) -> Path:
-    out = Path(out)
-    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not overwrite):
-        raise ExportError(f"--out: {str(out)!r} exists and is not an empty folder; choose another or pass --overwrite")
-    out.mkdir(parents=True, exist_ok=True)
-    stale = [*out.glob("model*.safetensors"), out / "model.safetensors.index.json", out / NATIVE_SPEC]
-    for old in stale:  # --overwrite: no shard or spec of an earlier export may survive
-        old.unlink(missing_ok=True)
-    return out
-
-
 def _default_note(tokenizer: Optional[Path]) -> str:
     return f"given: {tokenizer}" if tokenizer is not None else f"none given: the embedded {DEFAULT_TOKENIZER}"
 
@@ -89,29 +81,35 @@ class ExportResult:
     tokenizer_note: str
 
 
+Sources = Iterable[tuple[str, "str | Path | None"]]
+
+
 def save_hf(model: Transformer, out: str | Path, *, tokenizer: Optional[Path] = None, tokenizer_note: str = "",
-            max_shard_size: int | str = "5GB", dtype: str = "float32", overwrite: bool = False) -> ExportResult:
-    """Fold ``model`` and write it as a transformers checkpoint folder (see the module docstring)."""
+            max_shard_size: int | str = "5GB", dtype: str = "float32", overwrite: bool = False,
+            sources: Sources = ()) -> ExportResult:
+    """Fold ``model`` and write it as a transformers checkpoint folder (see the module docstring).
+
+    ``out`` is written all or nothing and must not overlap ``sources`` (``(option, path)`` of what the
+    command read); ``overwrite`` replaces an earlier output of export/import/convert (``outdir.py``)."""
     if dtype not in DTYPES:
         raise ExportError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
     tok_path = Path(tokenizer) if tokenizer is not None else DEFAULT_TOKENIZER
     eos_id = Tokenizer(tok_path, key="--tokenizer").eos_id
     layout = hf_layout(model, eos_id=eos_id, dtype=DTYPES[dtype])  # refuses before touching --out
-    dest = _prepare_out(out, overwrite)
-    files = write_safetensors(layout.tensors, dest, max_shard_size)
-    (dest / "config.json").write_text(json.dumps(layout.config, indent=2))
-    (dest / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_id}, indent=2))
-    write_tokenizer(tok_path, dest, model.config.vocab_size, model.config.seq_len)
+    with output_folder(out, command="export", inputs=sources, overwrite=overwrite) as dest:
+        files = write_safetensors(layout.tensors, dest, max_shard_size)
+        (dest / "config.json").write_text(json.dumps(layout.config, indent=2))
+        (dest / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_id}, indent=2))
+        write_tokenizer(tok_path, dest, model.config.vocab_size, model.config.seq_len)
     files += ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
-    return ExportResult(dest, "hf", layout.architecture, files, tokenizer_note or _default_note(tokenizer))
+    return ExportResult(Path(out), "hf", layout.architecture, files, tokenizer_note or _default_note(tokenizer))
 
 
-def save_native(model: Transformer, out: str | Path, *, spec: Optional[dict[str, Any]] = None,
-                tokenizer: Optional[Path] = None, tokenizer_note: str = "", max_shard_size: int | str = "5GB",
-                overwrite: bool = False) -> ExportResult:
-    """Our own state dict (unfolded, fp32) as safetensors + the spec as JSON (``load_native`` reads it)."""
+def write_native_files(model: Transformer, dest: Path, *, spec: Optional[dict[str, Any]] = None,
+                       tokenizer: Optional[Path] = None, max_shard_size: int | str = "5GB") -> list[str]:
+    """The native files in the folder ``dest`` (no checks: ``save_native`` and ``hub.write_native`` give it
+    the temporary folder of their output)."""
     spec = spec or model_spec(model.config, model.strategy, type(model.blocks[0]))
-    dest = _prepare_out(out, overwrite)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if model.tied:
         state.pop(Transformer.HEAD_KEY, None)  # tied: rebuilt from the spec's tie_embeddings
@@ -119,8 +117,18 @@ def save_native(model: Transformer, out: str | Path, *, spec: Optional[dict[str,
     (dest / NATIVE_SPEC).write_text(json.dumps(spec, indent=2))
     tok_path = Path(tokenizer) if tokenizer is not None else DEFAULT_TOKENIZER
     write_tokenizer(tok_path, dest, model.config.vocab_size, model.config.seq_len)
-    files += [NATIVE_SPEC, "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
-    return ExportResult(dest, "native", "scalevec_lit Transformer", files, tokenizer_note or _default_note(tokenizer))
+    return files + [NATIVE_SPEC, "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+
+
+def save_native(model: Transformer, out: str | Path, *, spec: Optional[dict[str, Any]] = None,
+                tokenizer: Optional[Path] = None, tokenizer_note: str = "", max_shard_size: int | str = "5GB",
+                overwrite: bool = False, sources: Sources = ()) -> ExportResult:
+    """Our own state dict (unfolded, fp32) as safetensors + the spec as JSON (``load_native`` reads it);
+    ``out`` as in ``save_hf``."""
+    with output_folder(out, command="export", inputs=sources, overwrite=overwrite) as dest:
+        files = write_native_files(model, dest, spec=spec, tokenizer=tokenizer, max_shard_size=max_shard_size)
+    return ExportResult(Path(out), "native", "scalevec_lit Transformer", files,
+                        tokenizer_note or _default_note(tokenizer))
 
 
 def load_native(folder: str | Path) -> Transformer:

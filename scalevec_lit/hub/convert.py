@@ -16,7 +16,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 import yaml
@@ -24,10 +24,11 @@ import yaml
 from ..errors import UserError
 from ..export.checkpoint import model_from_state, read_checkpoint_extra
 from ..export.tokenizer import find_tokenizer
-from ..export.write import save_native
+from ..export.write import write_native_files
 from ..model.block import Block
 from ..model.spec import build_from_spec, describe_callable, model_spec, strategy_from_dict
 from ..model.transformer import Transformer
+from ..outdir import OutputFolder, output_folder
 from ..scale.convert import Transfer, transfer_
 from ..scale.strategy import ScaleStrategy
 
@@ -109,21 +110,24 @@ def _summary(lines: list[str], limit: int = 6) -> list[str]:
     return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
 
 
-def write_native(model: Transformer, out: str | Path, *, tokenizer: Path, tokenizer_note: str,
-                 overwrite: bool = False) -> list[str]:
+def write_native(model: Transformer, out: str | Path, *, tokenizer: Path,
+                 overwrite: bool = False, command: str = "convert",
+                 sources: Iterable[tuple[str, Optional[str | Path]]] = ()) -> list[str]:
     """The native folder (``export --format native``'s layout) and ``model.yaml``: the model section of a
-    recipe that builds this model (``--config <out>/model.yaml --model.init_from <out>``)."""
+    recipe that builds this model (``--config <out>/model.yaml --model.init_from <out>``). ``out`` is written
+    all or nothing and must not overlap ``sources`` (``(option, path)`` of what ``command`` read);
+    ``overwrite`` replaces an earlier output of export/import/convert (``scalevec_lit/outdir.py``)."""
     spec = spec_of(model)
-    result = save_native(model.float(), out, spec=spec, tokenizer=tokenizer, tokenizer_note=tokenizer_note,
-                         overwrite=overwrite)
     config = {k: v for k, v in spec["config"].items() if k != "seq_len"}  # the recipe's seq_len is used
     section: dict[str, Any] = {"config": config, "strategy": spec["strategy"]}
     if spec["block"] != describe_callable(Block):
         section["block"] = spec["block"]["class_path"]
     text = ("# The model of this folder, for fit: --config <recipe> --config <this file> --model.init_from <this folder>\n"
             f"# (written by scalevec_lit; the model was built for up to {spec['config']['seq_len']} positions)\n")
-    (result.out / RECIPE).write_text(text + yaml.safe_dump({"model": section}, sort_keys=False))
-    return result.files + [RECIPE]
+    with output_folder(out, command=command, inputs=sources, overwrite=overwrite) as dest:
+        files = write_native_files(model.float(), dest, spec=spec, tokenizer=tokenizer)
+        (dest / RECIPE).write_text(text + yaml.safe_dump({"model": section}, sort_keys=False))
+    return files + [RECIPE]
 
 
 @dataclass
@@ -137,12 +141,15 @@ class Converted:
 
 def convert_checkpoint(ckpt: str | Path, strategy: str | Path, out: str | Path, *, allow_function_change: bool = False,
                        tokenizer: Optional[str | Path] = None, overwrite: bool = False) -> Converted:
+    sources = [("--ckpt", ckpt), ("--strategy", strategy), ("--tokenizer", tokenizer)]
+    OutputFolder(out, command="convert", inputs=sources, overwrite=overwrite).check()  # before the long read
     spec, state, extra = read_checkpoint_extra(ckpt)
     model = model_from_state(spec, state)
     tok, note = find_tokenizer(ckpt, tokenizer, recorded=extra.get("tokenizer"))
     target, report, moved = convert_model(model, read_strategy(strategy, model.strategy.eps),
                                           allow_function_change=allow_function_change, value=str(strategy))
-    files = write_native(target, out, tokenizer=tok, tokenizer_note=note, overwrite=overwrite)
+    files = write_native(target, out, tokenizer=tok, overwrite=overwrite, command="convert",
+                         sources=[*sources, ("the checkpoint's tokenizer", tok)])
     return Converted(Path(out), files, report, moved, note)
 
 
@@ -165,7 +172,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--allow-function-change", action="store_true",
                         help="convert even where the function changes (adding or removing a normalization)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer.json to ship (default: the checkpoint's)")
-    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier export/import/convert in --out (removes only the files its manifest "
+                             "lists; other files stay)")
     args = parser.parse_args(argv)
     done = convert_checkpoint(args.ckpt, args.strategy, args.out, allow_function_change=args.allow_function_change,
                               tokenizer=args.tokenizer, overwrite=args.overwrite)

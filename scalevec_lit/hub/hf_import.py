@@ -22,13 +22,14 @@ from typing import Any, Optional
 
 import torch
 
-from ..errors import UserError
+from ..errors import RunError, UserError
 from ..export.hf_names import hf_names, native_tensor, site_of
 from ..model.block import Block
 from ..model.config import MoEConfig, TransformerConfig
 from ..model.rope import rope_tables
 from ..model.spec import build_from_spec, describe_callable
 from ..model.transformer import Transformer
+from ..outdir import OutputFolder
 from ..scale.convert import set_scale_
 from .convert import convert_model, read_strategy, report_lines, write_native
 
@@ -112,7 +113,11 @@ def read_hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise RunError(str(index), "no weight_map", "the index does not map the weights to their shards",
+                           "copy the checkpoint folder again from its source")
+        files = sorted(set(weight_map.values()))
     elif (folder / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:
@@ -123,8 +128,30 @@ def read_hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
         if not (folder / name).is_file():
             raise UserError("--hf", str(folder), f"the index names the shard {name}, which is missing",
                             "copy the whole checkpoint folder")
-        tensors.update(load_file(str(folder / name)))
+        try:
+            tensors.update(load_file(str(folder / name)))
+        except Exception as err:  # noqa: BLE001 - safetensors raises its own types (SafetensorError) for a bad file
+            raise RunError(str(folder / name), f"{(folder / name).stat().st_size:,} bytes",
+                           f"not a readable safetensors file, truncated or damaged ({_first_line(err)})",
+                           "copy it again from its source (or download the checkpoint again)") from None
     return tensors
+
+
+def _first_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:200]}" if text else type(err).__name__
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``; a ``RunError`` naming the file when it is not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as err:
+        raise RunError(str(path), f"{path.stat().st_size:,} bytes", f"not valid JSON, truncated or damaged "
+                       f"({_first_line(err)})", "copy it again from its source") from None
+    if not isinstance(data, dict):
+        raise RunError(str(path), type(data).__name__, "not a JSON object", "copy it again from its source")
+    return data
 
 
 @torch.no_grad()
@@ -133,7 +160,7 @@ def load_hf(folder: str | Path) -> tuple[Transformer, str]:
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise UserError("--hf", str(folder), "has no config.json", "give a local transformers checkpoint folder")
-    arch, config, strategy = config_from_hf(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
+    arch, config, strategy = config_from_hf(_read_json(folder / "config.json"), str(folder / "config.json"))
     spec = {"config": dataclasses.asdict(config), "strategy": strategy, "block": describe_callable(Block)}
     with torch.device("meta"):
         model = build_from_spec(spec)
@@ -194,6 +221,8 @@ def import_hf(hf: str | Path, out: str | Path, *, strategy: Optional[str | Path]
               tokenizer: Optional[str | Path] = None, overwrite: bool = False) -> tuple[list[str], list[str]]:
     """Import ``hf`` into ``out``; returns ``(files written, lines to print)``."""
     folder = Path(hf)
+    sources = [("--hf", folder), ("--tokenizer", tokenizer)]
+    OutputFolder(out, command="import", inputs=sources, overwrite=overwrite).check()  # before the long read
     if not (folder / "config.json").is_file():
         raise UserError("--hf", str(folder), "has no config.json", "give a local transformers checkpoint folder")
     tok = _tokenizer(folder, tokenizer)
@@ -204,7 +233,7 @@ def import_hf(hf: str | Path, out: str | Path, *, strategy: Optional[str | Path]
         model, report, moved = convert_model(model, read_strategy(strategy, model.strategy.eps),
                                              allow_function_change=allow_function_change, value=str(strategy))
         lines += report_lines(report, moved, f"converted to {strategy}")
-    files = write_native(model, out, tokenizer=tok, tokenizer_note=f"the one in {folder}", overwrite=overwrite)
+    files = write_native(model, out, tokenizer=tok, overwrite=overwrite, command="import", sources=sources)
     return files, lines
 
 
@@ -217,7 +246,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--allow-function-change", action="store_true",
                         help="with --strategy: convert even where the function changes")
     parser.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the one in --hf)")
-    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier export/import/convert in --out (removes only the files its manifest "
+                             "lists; other files stay)")
     args = parser.parse_args(argv)
     files, lines = import_hf(args.hf, args.out, strategy=args.strategy, allow_function_change=args.allow_function_change,
                              tokenizer=args.tokenizer, overwrite=args.overwrite)
