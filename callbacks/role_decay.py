@@ -4,8 +4,10 @@ The optimizer's own weight decay is off for scale parameters (``scalevec_lit.lit
 ``scale`` group with ``weight_decay=0``); this callback decays each one as AdamW would,
 ``p ← p · (1 − lr · λ)`` with ``lr`` the current (scheduled) learning rate of the group that holds ``p``,
 right before the optimizer's update (``on_before_optimizer_step``: after backward, before the step), and
-only for parameters that have a gradient (as AdamW skips the others). Roles and parts come from the
-scale registry only.
+only for parameters that have a gradient (as AdamW skips the others). When the optimizer skips the step
+on the device (``optimizer.found_inf`` is 1: fused AdamW under ``model.nonfinite``, see
+``scalevec_lit/lit/nonfinite.py``), the decay is skipped with it, on the device too (no host-device sync),
+so a skipped step leaves every parameter bitwise unchanged. Roles and parts come from the scale registry only.
 
 Presets (``preset``):
 
@@ -20,8 +22,17 @@ all           input and output role      every group: λ_matrix (litgpt, torchti
 ============  =========================  ===========================================================
 
 λ for scales is ``weight_decay`` when given, else the optimizer's ``matrix`` group's weight decay
-(λ_matrix). ``role_weight_decay`` overrides λ per role (``{output: 0.01}``), and ``part_weight_decay``
-per part of the roles that are decayed (``{magnitude: 0.0}`` leaves β of a magnitude-direction scale free).
+(λ_matrix; with ``MuonAdamW``, the Muon-held ``matrix`` group's, i.e. Muon's λ). ``role_weight_decay``
+overrides λ per role (``{output: 0.01}``), and ``part_weight_decay`` per part of the roles that are decayed
+(``{magnitude: 0.0}`` leaves β of a magnitude-direction scale free); it never decays a role the preset and
+``role_weight_decay`` leave undecayed. A positive part override that does reach output-role scales (preset
+``decay_all``/``all`` or ``role_weight_decay.output`` > 0) is applied with a one-line warning, since the paper
+finds that decaying output-role scales hurts.
+
+Groups held by Muon (``use_muon`` true, as ``MuonAdamW`` marks them) keep their own weight decay under
+``ndim`` and ``all``: Muon's λ is configured with Muon (``muon_weight_decay`` or
+``model.param_groups.<kind>.weight_decay``) and paired with Muon's learning rate, so the presets set only the
+groups that AdamW (or another element-wise optimizer) updates.
 
 May import Lightning and torch; reads the model only through ``scalevec_lit.scale.scale_parameters``
 and the optimizer's parameter groups. Must not import ``scalevec_lit.lit`` (the module or its optimizers).
@@ -34,6 +45,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
+from scalevec_lit.errors import notice
 from scalevec_lit.scale.registry import DECAYED_BY, MATRIX, scale_parameters
 
 __all__ = ["RoleWeightDecay"]
@@ -49,6 +61,10 @@ PRESETS: dict[str, tuple[frozenset, Optional[str]]] = {
     "ndim": (frozenset(), "ndim"),
     "all": (frozenset({"input", "output"}), "all"),
 }
+
+
+#: the group key by which ``MuonAdamW`` marks the groups Muon updates (their λ is Muon's own)
+MUON_KEY = "use_muon"
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -105,10 +121,12 @@ class RoleWeightDecay(Callback):
 
     @staticmethod
     def matrix_weight_decay(optimizer: torch.optim.Optimizer) -> Optional[float]:
-        for group in optimizer.param_groups:
-            if group.get("kind") == MATRIX:
-                return float(group.get("weight_decay", 0.0))
-        return None
+        """λ_matrix: the ``matrix`` group's weight decay; of the Muon-held one when the kind is split."""
+        found = [g for g in optimizer.param_groups if g.get("kind") == MATRIX]
+        if not found:
+            return None
+        held = [g for g in found if g.get(MUON_KEY)] or found
+        return float(held[0].get("weight_decay", 0.0))
 
     # -- set-up --------------------------------------------------------------------------------------
     def build_plan(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
@@ -142,6 +160,7 @@ class RoleWeightDecay(Callback):
         scale_groups: set[int] = set()
         by_key: dict[tuple[int, float], list[torch.Tensor]] = {}
         summary: dict[tuple[str, str, str], list] = {}
+        output_by_part: dict[str, list] = {}  # part -> [count, sites] of output-role scales a part override decays
         for sp in scales:
             gi = where.get(id(sp.param))
             if gi is None:  # frozen or not optimized by this optimizer
@@ -151,11 +170,23 @@ class RoleWeightDecay(Callback):
             wd = self.scale_decay(sp.info.role, sp.info.part, lam)
             if wd:
                 by_key.setdefault((gi, wd), []).append(sp.param)
+                if sp.info.role == "output" and sp.info.part in self.part_weight_decay:
+                    row = output_by_part.setdefault(sp.info.part, [0, []])
+                    row[0] += 1
+                    if sp.info.site not in row[1]:
+                        row[1].append(sp.info.site)
             row = summary.setdefault((sp.info.role, sp.info.site, sp.info.part), [0, 0, set()])
             row[0] += 1
             row[1] += sp.param.numel()
             row[2].add(wd)
         self._plans[id(optimizer)] = [(gi, params, wd) for (gi, wd), params in by_key.items()]
+        for part, (n, sites) in output_by_part.items():
+            notice(
+                f"RoleWeightDecay.part_weight_decay.{part}: {self.part_weight_decay[part]:g}: also decays {n} "
+                f"output-role scale vector(s) ({', '.join(sites)}; role output is decayed by "
+                f"{'role_weight_decay.output' if 'output' in self.role_weight_decay else 'preset ' + self.preset}), "
+                "and the paper finds that decaying output-role scales hurts; to decay input-role scales only, set "
+                "role_weight_decay: {output: 0.0}", kind="warning")
 
         # the non-scale groups under ndim / all
         _, rule = PRESETS[self.preset]
@@ -170,6 +201,8 @@ class RoleWeightDecay(Callback):
                             f"{g.get('name', gi)!r} mixes scale vectors with other tensors; build the optimizer "
                             "from scalevec_lit.lit.optim.build_param_groups (one group per kind)"
                         )
+                    continue
+                if g.get(MUON_KEY):  # Muon's own λ, paired with Muon's lr: never overwritten by a preset
                     continue
                 if rule == "all":
                     group_decay[gi] = lam_groups
@@ -189,9 +222,10 @@ class RoleWeightDecay(Callback):
         for gi, g in enumerate(groups):
             if gi in scale_groups:
                 continue
+            by = "Muon (its own λ; the preset leaves it)" if rule is not None and g.get(MUON_KEY) else "optimizer"
             rows.append(
                 [str(g.get("name", gi)), str(len(g["params"])), f"{sum(p.numel() for p in g['params']):,}",
-                 f"{float(g.get('weight_decay', 0.0)):g}", "optimizer"]
+                 f"{float(g.get('weight_decay', 0.0)):g}", by]
             )
         for (role, site, part), (n, numel, wds) in summary.items():
             wd = "/".join(f"{w:g}" for w in sorted(wds))
@@ -225,12 +259,30 @@ class RoleWeightDecay(Callback):
             self.build_plan(pl_module, optimizer)
             plan = self._plans[id(optimizer)]
         groups = optimizer.param_groups
+        skip = _device_skip_flag(optimizer)
         for gi, params, wd in plan:
             lr = groups[gi]["lr"]
             lr = float(lr) if torch.is_tensor(lr) else lr
-            local = [_local(p) for p in params if p.grad is not None]
-            if local:
+            local = [_local(p) for p in params if p.grad is not None]  # as AdamW: no gradient, no decay
+            if not local:
+                continue
+            if skip is None:
                 torch._foreach_mul_(local, 1 - lr * wd)  # the same scalar as torch's AdamW: 1 - lr * weight_decay
+                continue
+            # the optimizer skips this step on the device when found_inf is 1: keep or decay there, no sync
+            decayed = torch._foreach_mul(local, 1 - lr * wd)
+            for p, d in zip(local, decayed):
+                p.copy_(torch.where(skip.to(p.device), p, d))
+
+
+def _device_skip_flag(optimizer: torch.optim.Optimizer) -> Optional[torch.Tensor]:
+    """``found_inf != 0`` as a device tensor when ``optimizer.step`` honours ``found_inf`` (fused Adam/AdamW/SGD,
+    the test of ``scalevec_lit.lit.nonfinite.supports_found_inf``), else None."""
+    found_inf = getattr(optimizer, "found_inf", None)
+    fused = getattr(optimizer, "_step_supports_amp_scaling", False) and getattr(optimizer, "defaults", {}).get("fused")
+    if not fused or not torch.is_tensor(found_inf):
+        return None
+    return found_inf != 0
 
 
 def _non_negative(key: str, value: Any) -> float:

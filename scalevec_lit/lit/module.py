@@ -26,7 +26,7 @@ from ..scale.registry import DECAYED_BY, SCALE
 from ..scale.strategy import ScaleStrategy
 from . import nonfinite as nonfinite_check
 from .nonfinite import NonFiniteGuard, supports_found_inf
-from .optim import build_param_groups, describe_groups, instantiate_optimizer
+from .optim import build_param_groups, check_group_options, describe_groups, instantiate_optimizer
 from .parallel import DATASHEET_BF16_TFLOPS, ParallelOptions, parallelize
 from .schedules import Schedule, WarmupCosine
 
@@ -88,6 +88,7 @@ class CausalLM(L.LightningModule):
         self.optimizer_factory = optimizer
         self.schedule = schedule if schedule is not None else WarmupCosine()
         self.param_groups = param_groups or {}
+        check_group_options(self.param_groups)  # issue 23 (part C): a negative lr_mult is refused before the run
         self.nonfinite = nonfinite
         self.parallel = parallel or ParallelOptions()
         self.compile = compile

@@ -14,9 +14,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Optional
 
+import math
+
 import torch
 from torch import nn
 
+from ..errors import UserError
 from ..scale.registry import GROUP_KINDS, scale_parameters
 
 KINDS = GROUP_KINDS  # matrix, embedding, head, vector, scale (names shared with callbacks: scale/registry.py)
@@ -55,6 +58,28 @@ def parameter_kinds(model: nn.Module) -> "OrderedDict[str, list[tuple[str, nn.Pa
     return kinds
 
 
+def check_group_options(overrides: Optional[dict[str, dict[str, Any]]]) -> None:
+    """Refuse ``model.param_groups`` values that would train silently wrong (a negative ``lr_mult``: gradient
+    ascent; a negative ``weight_decay``: weights pushed away from 0), one ``UserError`` naming the key."""
+    for kind, options in (overrides or {}).items():
+        for name in ("lr_mult", "weight_decay"):
+            value = (options or {}).get(name)
+            if value is None:
+                continue
+            key = f"model.param_groups.{kind}.{name}"
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise UserError(key, value, "is not a finite number", f"set a number >= 0, e.g. --{key}=1.0"
+                                if name == "lr_mult" else f"set a number >= 0, e.g. --{key}=0.1")
+            if value < 0 and name == "lr_mult":
+                raise UserError(key, value, f"a negative multiplier makes the {kind} group's learning rate negative, "
+                                "so it would train by gradient ascent (climb the loss)",
+                                f"set a multiplier >= 0 (1 keeps the optimizer's lr, 0 freezes the group), e.g. "
+                                f"--{key}=1.0")
+            if value < 0:
+                raise UserError(key, value, f"a negative weight decay grows the {kind} group's weights at every step",
+                                f"set a value >= 0 (0 turns decay off), e.g. --{key}=0.0")
+
+
 def build_param_groups(model: nn.Module, overrides: Optional[dict[str, dict[str, Any]]] = None) -> list[dict]:
     """One optimizer group per non-empty kind, with ``name`` and ``kind`` keys for logs and callbacks."""
     overrides = overrides or {}
@@ -63,6 +88,7 @@ def build_param_groups(model: nn.Module, overrides: Optional[dict[str, dict[str,
         raise ValueError(
             f"model.param_groups: {sorted(unknown)} are not parameter kinds; use some of {', '.join(KINDS)}"
         )
+    check_group_options(overrides)
     groups = []
     for kind, named in parameter_kinds(model).items():
         if not named:
@@ -121,7 +147,10 @@ class MuonAdamW(torch.optim.Optimizer):
     ``torch.optim.AdamW`` with ``lr``, ``betas``, ``eps`` and ``weight_decay``. A group may also say
     ``use_muon: true/false`` itself. Tensors of a Muon kind that are not 2-D (e.g. stacked 3-D expert
     weights) are split off into a group ``<name>_nd`` that AdamW updates, since Muon orthogonalizes
-    matrices only.
+    matrices only; that group keeps its kind's weight decay (``muon_weight_decay``, or the kind's own
+    ``weight_decay`` from ``model.param_groups``) and takes AdamW's ``lr``. So every parameter of a kind
+    decays by the same λ whichever optimizer holds it, and ``RoleWeightDecay`` reads λ_matrix from the
+    Muon-held ``matrix`` group.
 
     One list ``param_groups`` and one ``state`` hold everything, so that ``LambdaLR`` schedules both
     parts, ``state_dict``/``load_state_dict`` round-trip as for any optimizer, and ``describe_groups``
@@ -174,8 +203,8 @@ class MuonAdamW(torch.optim.Optimizer):
                     nd = {**g, "params": [p for _, p in other], "name": f"{g.get('name', g.get('kind', 'group'))}_nd"}
                     if names is not None:
                         nd["names"] = [n for n, _ in other]
-                    nd.setdefault("lr", lr)
-                    nd.setdefault("weight_decay", weight_decay)
+                    nd.setdefault("lr", lr)  # AdamW's step size: Muon's lr is for orthogonalized updates
+                    nd.setdefault("weight_decay", muon_wd)  # the decay of its kind, whichever optimizer holds it
                     prepared.append({**nd, "use_muon": False})
                 if not flat:
                     continue
