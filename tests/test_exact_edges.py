@@ -84,3 +84,100 @@ def test_q_k_norm_without_zero_output_scales_saves_no_input():
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             group_norm_rope(a, u.requires_grad_(), 1e-6)
         assert saved.count((2, 3, 2, 4)) == 1 + want  # the output, and the normalized input with a zero u_j
+
+
+# -- (2) ER's conserved quantity ----------------------------------------------------------------------------
+def test_er_conserved_quantity_does_not_drift_under_plain_gradient_descent():
+    """ER (γ = e^b · α / RMS(α)): the loss sees the consumers only through e^b W, so b → b + t, W → e^{-t} W
+    changes nothing and gradient flow conserves Σ_j ‖w_j‖² − 2b. SGD without decay in float64 (close to
+    gradient flow) on the library's own model: the monitor's drift of that quantity stays far below what the
+    consumers' norms moved. b starts away from 0 and 1, so that a changed law (− b², − e^{2b}, − b) drifts
+    by a large fraction of the movement."""
+    import torch.nn.functional as F
+
+    from helpers import tiny_config
+    from scalevec_lit.callbacks import ScaleVectorMonitor
+    from scalevec_lit.model import Transformer
+    from scalevec_lit.scale import ExpMagnitudeDirectionScale, ScaleStrategy, scale_parameters
+
+    torch.manual_seed(0)
+    cfg = tiny_config(vocab_size=64, n_layer=1, n_embd=32, n_head=2, n_kv_head=2, seq_len=16)
+    model = Transformer(cfg, ScaleStrategy(vector=ExpMagnitudeDirectionScale, branch_specific=True)).double()
+    with torch.no_grad():
+        for sp in scale_parameters(model):
+            if sp.info.part == "magnitude":
+                sp.param.copy_(0.2 + 0.3 * torch.rand_like(sp.param))
+            else:
+                sp.param.mul_(1.0 + 0.3 * torch.rand_like(sp.param))
+    monitor = ScaleVectorMonitor(heatmap=False)
+    start = monitor.collect(model).scalars
+
+    def col_sq(sp):
+        return sum(c.weight.detach().double().square().sum() for c in sp.consumers)
+
+    before = {sp.info.tag: col_sq(sp) for sp in scale_parameters(model) if sp.consumers}
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.randint(0, 64, (8, 17), generator=torch.Generator().manual_seed(1))
+    for _ in range(150):
+        loss = F.cross_entropy(model(data[:, :-1]).flatten(0, 1), data[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    end = monitor.collect(model).scalars
+    checked = 0
+    for sp in scale_parameters(model):
+        if not sp.consumers or sp.info.part != "magnitude":
+            continue
+        base = sp.info.tag.rsplit("/", 1)[0]
+        moved = abs(float(col_sq(sp) - before[sp.info.tag]))
+        assert start[f"scale/{base}/precond/drift_absmax"] == 0.0
+        assert moved > 1e-4, (base, moved)  # the consumers (and b) really moved (measured ≥ 6e-4)...
+        assert end[f"scale/{base}/precond/drift_absmax"] < 0.02 * moved, (base, moved)  # ...c did not (≤ 0.006)
+        checked += 1
+    assert checked == 5 + 1  # q, k, v, gate, up and the head
+
+
+# -- (3) channel-shaped output scale → head-shaped -----------------------------------------------------------
+def _pair(placement: str, heads_equal: bool):
+    from helpers import tiny_config
+    from scalevec_lit.model import Transformer
+    from scalevec_lit.scale import PlainScale, ScaleStrategy
+
+    torch.manual_seed(6)
+    cfg = tiny_config(vocab_size=64, n_layer=1, n_embd=32, n_head=4, n_kv_head=2, seq_len=16)
+    place = dict(q=placement, k=placement)
+    source = Transformer(cfg, ScaleStrategy(vector=PlainScale, placement=place, output_shape="channel")).double()
+    target = Transformer(cfg, ScaleStrategy(vector=PlainScale, placement=place, output_shape="head")).double()
+    attn = source.blocks[0].attn.input
+    with torch.no_grad():
+        for b in "qk":
+            u = attn.proj[b].out_scale.scale
+            per_head = torch.rand(attn.by_name[b].group, dtype=torch.float64) + 0.5
+            u.copy_(per_head.repeat(u.numel() // per_head.numel()))
+            if not heads_equal:
+                u[-1] += 0.25  # the last head differs in one channel
+    return source, target
+
+
+@pytest.mark.parametrize("heads_equal", [True, False])
+@pytest.mark.parametrize("placement", ["dual_norm", "dual"])
+def test_channel_to_head_output_scale_is_claimed_exact_only_when_it_is(placement, heads_equal):
+    """A per-channel u becomes one value per head dimension: exact when every head holds the same values;
+    otherwise a normalized u (after the per-head norm, nothing absorbs it) is a listed function change,
+    and an un-normalized u is folded into the rows of its weight (exact again)."""
+    from scalevec_lit.scale.convert import transfer_
+
+    source, target = _pair(placement, heads_equal)
+    report = transfer_(source, target)
+    idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        diff = _rel(target(idx), source(idx))
+    changed = placement == "dual_norm" and not heads_equal
+    assert [c for c in report.changes if "differs between heads" in c] == (
+        [f"blocks.0.attn.input.{b}: the output scale differs between heads and the target's is one value per head "
+         "dimension (model.strategy.output_shape: head); set output_shape: channel" for b in "qk"] if changed else [])
+    if changed:
+        assert diff > 1e-3  # the function did change, as reported
+    else:
+        assert diff <= 1e3 * EPS64
+        assert report.changes == []
