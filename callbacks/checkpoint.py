@@ -22,6 +22,7 @@ The checkpoint code of the library lives here, except two Lightning-free parts t
 """
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import shutil
@@ -31,11 +32,12 @@ import threading
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from scalevec_lit import stopsignal
-from scalevec_lit.errors import notice
+from scalevec_lit.errors import RunError, notice
 from scalevec_lit.runlock import acquire_folder, check_lineage, release_folder
 from scalevec_lit.verify import unreadable, verify_checkpoint
 
@@ -48,12 +50,27 @@ class SafeCheckpointIO(TorchCheckpointIO):
     """Torch checkpoints written atomically and read with a clear error."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
+        if storage_options is not None or "://" in str(path):  # remote storage: fsspec's own transaction
+            return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        super().save_checkpoint(checkpoint, tmp, storage_options)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
+        # written straight into the checkpoint's folder: Lightning's own writer first serializes the whole
+        # checkpoint in memory and stages it in $TMPDIR, which a small /tmp cannot hold
+        try:
+            with open(tmp, "wb") as fh:
+                torch.save(checkpoint, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except BaseException as err:
+            tmp.unlink(missing_ok=True)
+            if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise RunError("checkpoint", str(path), f"no space left on the device of {path.parent} while "
+                               f"writing it ({os.strerror(err.errno)}); the checkpoints written before are intact",
+                               "free space there, or point the checkpoints elsewhere "
+                               "(--trainer.default_root_dir=<a folder with room>), then resume with "
+                               "--ckpt_path last") from None
+            raise
         os.replace(tmp, path)
 
     def load_checkpoint(self, path, map_location: Optional[Any] = None, weights_only: Optional[bool] = None) -> dict:

@@ -3,7 +3,9 @@
 
 A single-file checkpoint is a torch zip archive: its structure and the CRC32 of every member are checked
 (one read of the file), so a truncated file or a flipped byte is refused with the file named, never loaded.
-A distributed checkpoint folder must hold its shards.
+The structure is checked twice, by Python's ``zipfile`` and by torch's own reader (they read the end of the
+archive differently: a damaged zip64 locator passes the first and stops the second). A distributed checkpoint
+folder must hold its shards; a folder of ``.ckpt`` files is not a checkpoint, and the error names its newest.
 """
 from __future__ import annotations
 
@@ -26,6 +28,12 @@ def unreadable(path: str | Path, err: BaseException) -> CheckpointError:
     return CheckpointError(f"checkpoint {str(path)!r} is truncated or corrupt ({type(err).__name__}: {err}); {hint}")
 
 
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The ``.ckpt`` files (and distributed checkpoint folders) in ``folder``, oldest first."""
+    found = [q for q in folder.iterdir() if q.suffix == ".ckpt" and not q.name.endswith(".tmp")]
+    return sorted(found, key=lambda q: (q.stat().st_mtime, q.name))
+
+
 def verify_checkpoint(path: str | Path, full: bool = True) -> Path:
     """Check that ``path`` is a complete torch checkpoint; ``full`` also checks every member's CRC32
     (reads the whole file once). Raises ``CheckpointError`` naming the file."""
@@ -35,10 +43,26 @@ def verify_checkpoint(path: str | Path, full: bool = True) -> Path:
                                      "--ckpt_path last to resume the newest checkpoint of this run's folder")
     if p.is_dir():
         if not any(p.glob("*.distcp")) and not (p / "meta.pt").exists():
+            files = checkpoint_files(p)
+            if files:
+                raise MissingCheckpointError(
+                    f"--ckpt_path: {str(path)!r}: is a folder of {len(files)} checkpoint(s), not a checkpoint; give "
+                    f"one of them (the newest is {str(files[-1])!r}), or --ckpt_path last to resume the newest "
+                    "checkpoint of this run's own folder")
             raise unreadable(p, ValueError("a folder without distributed checkpoint shards (*.distcp)"))
         return p
-    if not zipfile.is_zipfile(p):
+    try:
+        is_zip = zipfile.is_zipfile(p)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:  # a damaged end record can raise here
+        raise unreadable(p, err) from None
+    if not is_zip:
         raise unreadable(p, ValueError("not a complete torch zip archive"))
+    try:
+        import torch
+
+        torch._C.PyTorchFileReader(str(p))  # reads only the end of the archive, as torch.load will
+    except (RuntimeError, OSError) as err:
+        raise unreadable(p, ValueError(f"torch cannot open the zip archive: {str(err).split('. ')[0]}")) from None
     if full:
         try:
             with zipfile.ZipFile(p) as zf:

@@ -132,6 +132,9 @@ def _damaged(trained: Path, folder: Path, how: str) -> Path:
     data = bytearray(trained.read_bytes())
     if how == "truncated":
         data = data[: len(data) // 2]
+    elif how.startswith("locator"):  # the zip64 end-record locator: its disk number (Python's zipfile fails),
+        at = data.rfind(b"PK\x06\x07")  # or its offset (zipfile and every CRC pass, torch's reader fails)
+        data[at + (4 if how == "locator_disk" else 12)] ^= 0xFF
     else:
         data[len(data) // 3] ^= 0xFF  # one flipped byte inside the weights
     bad = folder / f"{how}.ckpt"
@@ -139,18 +142,39 @@ def _damaged(trained: Path, folder: Path, how: str) -> Path:
     return bad
 
 
-@pytest.mark.parametrize("how", ["truncated", "flipped"])
+@pytest.mark.parametrize("how", ["truncated", "flipped", "locator_disk", "locator_offset"])
 def test_fit_refuses_a_damaged_checkpoint(world, capfd, trained, how):
     bad = _damaged(trained, world.path, how)
     check(world, capfd, fit(world, f"--ckpt_path={bad}"), 1, f"{how}.ckpt", "truncated or corrupt")
 
 
-@pytest.mark.parametrize("how", ["truncated", "flipped"])
+@pytest.mark.parametrize("how", ["truncated", "flipped", "locator_disk", "locator_offset"])
 def test_export_refuses_a_damaged_checkpoint(world, capfd, trained, how):
     bad = _damaged(trained, world.path, how)
     check(world, capfd, ["export", "--ckpt", bad, "--out", world.path / "out" / "hf"], 1, f"{how}.ckpt",
           "truncated or corrupt")
     assert not (world.path / "out" / "hf" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("how", ["truncated", "locator_disk", "locator_offset"])
+def test_generate_refuses_a_damaged_checkpoint(world, capfd, trained, how):
+    bad = _damaged(trained, world.path, how)
+    check(world, capfd, ["generate", "--ckpt", bad, "--prompt", "To be", "--max-new-tokens", "2"], 1,
+          f"{how}.ckpt", "truncated or corrupt")
+
+
+def test_a_folder_of_checkpoints_is_not_a_checkpoint(world, capfd, trained):
+    folder = world.path / "checkpoints"
+    folder.mkdir()
+    shutil.copy(trained, folder / "step000001.ckpt")
+    shutil.copy(trained, folder / "last.ckpt")
+    newest = str(folder / "last.ckpt")
+    check(world, capfd, fit(world, f"--ckpt_path={folder}"), 2, f"--ckpt_path: '{folder}': is a folder of 2 "
+          "checkpoint(s), not a checkpoint", f"the newest is '{newest}'", "--ckpt_path last")
+    check(world, capfd, ["export", "--ckpt", folder, "--out", world.path / "out" / "hf"], 2,
+          f"--ckpt: '{folder}': is a folder of 2 checkpoint(s)", f"the newest is '{newest}'")
+    check(world, capfd, ["generate", "--ckpt", folder, "--prompt", "To be"], 2,
+          f"--ckpt: '{folder}': is a folder of 2 checkpoint(s)", f"the newest is '{newest}'")
 
 
 def test_export_refuses_a_tokenizer_other_than_the_recorded_one(world, capfd, trained):

@@ -114,15 +114,59 @@ def test_crash_while_saving_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
     path = tmp_path / "last.ckpt"
     io.save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
 
-    def crash(*args, **kwargs):
-        Path(args[2]).write_bytes(b"PK\x03\x04 half a file")
+    def crash(obj, fh, *args, **kwargs):
+        fh.write(b"PK\x03\x04 half a file")
         raise KeyboardInterrupt("killed while saving")
 
-    monkeypatch.setattr("lightning.fabric.plugins.io.torch_io.TorchCheckpointIO.save_checkpoint", crash)
+    monkeypatch.setattr("scalevec_lit.callbacks.checkpoint.torch.save", crash)
     with pytest.raises(KeyboardInterrupt):
         io.save_checkpoint({"step": 2, "w": torch.zeros(3)}, path)
     monkeypatch.undo()
     assert io.load_checkpoint(path)["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no half-written file left behind
+
+
+def test_checkpoints_are_written_beside_themselves_not_staged_in_tmpdir(tmp_path, monkeypatch):
+    """Lightning's writer stages every checkpoint in $TMPDIR (a small /tmp failed every save); ours does not."""
+    import tempfile
+
+    from scalevec_lit.callbacks.checkpoint import SafeCheckpointIO
+
+    def no_tmpdir(*args, **kwargs):
+        raise OSError(28, "No space left on device", tempfile.gettempdir())
+
+    monkeypatch.setattr(tempfile, "mkstemp", no_tmpdir)
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", no_tmpdir)
+    io = SafeCheckpointIO()
+    io.save_checkpoint({"step": 3, "w": torch.arange(4.0)}, tmp_path / "ckpts" / "step3.ckpt")
+    monkeypatch.undo()
+    assert io.load_checkpoint(tmp_path / "ckpts" / "step3.ckpt")["step"] == 3
+
+
+def test_a_full_disk_while_saving_names_the_checkpoint_and_keeps_the_earlier_one(tmp_path, monkeypatch):
+    import errno
+
+    from scalevec_lit.callbacks.checkpoint import SafeCheckpointIO
+    from scalevec_lit.errors import RunError
+
+    io = SafeCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1}, path)
+
+    def full(obj, fh, *args, **kwargs):
+        fh.write(b"PK\x03\x04 the start")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("scalevec_lit.callbacks.checkpoint.torch.save", full)
+    with pytest.raises(RunError) as info:
+        io.save_checkpoint({"step": 2}, path)
+    monkeypatch.undo()
+    message = str(info.value)
+    assert message.startswith(f"checkpoint: {path}: no space left on the device of {tmp_path}")
+    assert "--trainer.default_root_dir=" in message and "--ckpt_path last" in message
+    assert info.value.exit_code == 1
+    assert io.load_checkpoint(path)["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
 
 
 def test_truncated_or_corrupt_checkpoint_names_the_file(tmp_path):

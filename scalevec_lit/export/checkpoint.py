@@ -12,6 +12,7 @@ of this package.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch
 from ..model.rope import rope_tables
 from ..model.spec import build_from_spec
 from ..model.transformer import Transformer
-from ..verify import verify_checkpoint
+from ..verify import checkpoint_files, verify_checkpoint
 from .errors import ExportError
 
 NATIVE_SPEC = "scalevec_spec.json"
@@ -31,7 +32,13 @@ def _torch_load(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # Lightning stores some plain Python objects; the file is the user's own training run
+        pass
+    try:
         return torch.load(path, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
+        raise ExportError(f"--ckpt: {str(path)!r}: cannot be read ({type(err).__name__}: "
+                          f"{str(err).split('. ')[0]}): it is truncated or corrupt; use another checkpoint of the "
+                          "run, or write it again") from None
 
 
 def _read_dcp(folder: Path) -> dict[str, torch.Tensor]:
@@ -81,6 +88,10 @@ def read_checkpoint_extra(path: str | Path) -> tuple[dict[str, Any], dict[str, t
                               "export it again from its checkpoint") from None
     if p.is_dir():
         if not (p / ".metadata").is_file():
+            files = checkpoint_files(p)
+            if files:
+                raise ExportError(f"--ckpt: {str(path)!r}: is a folder of {len(files)} checkpoint(s), not a checkpoint; "
+                                  f"give one of them (the newest is {str(files[-1])!r})")
             raise ExportError(
                 f"--ckpt: {str(path)!r} is a folder without .metadata (not a distributed checkpoint) and without "
                 f"{NATIVE_SPEC} (not a native export); give a .ckpt file or a checkpoint folder"
