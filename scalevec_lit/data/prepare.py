@@ -3,15 +3,15 @@
 ``python -m scalevec_lit prepare --input <folders, files, globs> --tokenizer <tokenizer.json> --output <dir>``
 
 Which files are read and how (text; JSON Lines and parquet with ``--text-field``; a ``save_to_disk``
-folder) is in ``formats.py``. A text file is cut into segments at paragraph breaks (about
+folder) is in ``formats.py``. A text file is cut into segments at paragraph breaks (``split.py``; about
 ``segment_chars`` characters each); a segment goes to validation when a stable hash of (file, index)
 falls under ``val_fraction``. A row of a row format is one document, and goes to validation when the
 hash of (file, row) does. So the split is disjoint, reproducible and unchanged when files are added.
 Every document or segment is encoded with an end-of-text id appended, and the token stream is written
 with litdata's ``optimize`` (``TokensLoader``), in parallel workers over work units (files, or groups of
-parquet row groups). ``meta.json`` records the tokenizer, its vocabulary and the counts; the data module
-checks it. What prepare reads (binary and undecodable files) is in ``inputs.py``; where it writes (the output
-folder it owns, ``--overwrite``, all or nothing) in ``scalevec_lit/outdir.py``. It ends with a summary of
+parquet row groups). ``meta.json`` records the tokenizer, its vocabulary, the counts and every chunk
+(size, SHA-256: ``integrity.py``); the data module checks them. What prepare reads (binary and
+undecodable files) is in ``inputs.py``; where it writes (the output folder it owns, ``--overwrite``, all or nothing) in ``scalevec_lit/outdir.py``. It ends with a summary of
 files read and skipped, and of the rows skipped in each file (missing field, null, not a string, empty,
 invalid JSON); a prepare that fails prints what it had skipped until then on stderr, before the error.
 
@@ -24,7 +24,6 @@ import json
 import os
 import sys
 import tempfile
-import zlib
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -35,6 +34,8 @@ import torch
 from .formats import FORMATS_HELP, KIND_NAMES, RowCounts, iter_documents, plan_units, resolve_inputs
 from ..outdir import OutputFolder
 from .inputs import ERROR_POLICIES, scan_inputs
+from .integrity import record_chunks
+from .split import is_val, segments, split_text  # noqa: F401 - is_val, segments: for the tests
 from .tokenizer import DEFAULT_TEXT_DIR, DEFAULT_TOKENIZER, TEXT_SUFFIXES, Tokenizer
 
 META = "meta.json"
@@ -45,27 +46,9 @@ MAX_LISTED = 20  # files with skipped rows listed in the summary (meta.json has 
 _TOKENIZERS: dict[str, Tokenizer] = {}
 
 
-def segments(text: str, segment_chars: int) -> list[str]:
-    """Cut ``text`` at blank lines into pieces of at least ``segment_chars`` characters (the last may be shorter)."""
-    out, cur, size = [], [], 0
-    for para in text.split("\n\n"):
-        cur.append(para)
-        size += len(para) + 2
-        if size >= segment_chars:
-            out.append("\n\n".join(cur))
-            cur, size = [], 0
-    if cur and "".join(cur).strip():
-        out.append("\n\n".join(cur))
-    return out
-
-
-def is_val(rel: str, index: int, val_fraction: float) -> bool:
-    return (zlib.crc32(f"{rel}\0{index}".encode()) % 100_000) < val_fraction * 100_000
-
-
 def _tokenize_unit(
     unit: str, *, tokenizer: str, split: str, val_fraction: float, segment_chars: int, encoding: str = "utf-8",
-    text_field: str = "text", counts_dir: Optional[str] = None,
+    text_field: str = "text", counts_dir: Optional[str] = None, balanced: bool = False,
 ) -> Iterator[torch.Tensor]:
     """The token tensors of one work unit (``formats.plan_units``, as JSON) that belong to ``split``."""
     spec = json.loads(unit)
@@ -73,8 +56,8 @@ def _tokenize_unit(
     rel, want_val = spec["rel"], split == "val"
     if spec["kind"] == "text":
         text = Path(spec["path"]).read_bytes().decode(encoding, errors="replace")  # undecodable files were sorted out before
-        for i, seg in enumerate(segments(text, segment_chars)):
-            if is_val(rel, i, val_fraction) == want_val:
+        for seg, val in split_text(text, rel, segment_chars, val_fraction, balanced):  # split.py
+            if val == want_val:
                 yield torch.tensor(tok.encode(seg), dtype=torch.int32)
         return
     counts = RowCounts()
@@ -173,30 +156,35 @@ def prepare(
     try:
         with tempfile.TemporaryDirectory(prefix="scalevec-prepare-") as counts_dir, \
                 _report_on_failure(scan.summary(root), counts_dir, text_field, rows):
+            for balanced in (False, True):  # again, balanced, when the hash split left a split empty (split.py)
+                for split in ("train", "val"):
+                    fn = partial(
+                        _tokenize_unit,
+                        tokenizer=str(tok.path.resolve()),
+                        split=split,
+                        val_fraction=val_fraction,
+                        segment_chars=segment_chars,
+                        encoding=encoding,
+                        text_field=text_field,
+                        counts_dir=counts_dir,
+                        balanced=balanced,
+                    )
+                    optimize(
+                        fn=fn,
+                        inputs=[json.dumps(u) for u in units],
+                        output_dir=str((dest / split).resolve()),
+                        chunk_size=chunk_tokens,
+                        item_loader=TokensLoader(),
+                        num_workers=workers,
+                        mode="overwrite",
+                        start_method="fork" if os.name == "posix" else None,
+                        verbose=True,
+                    )
+                    index = json.loads((dest / split / "index.json").read_text())
+                    counts[split] = int(sum(c["dim"] or 0 for c in index["chunks"]))
+                if all(counts.values()) or not texts:
+                    break
             for split in ("train", "val"):
-                fn = partial(
-                    _tokenize_unit,
-                    tokenizer=str(tok.path.resolve()),
-                    split=split,
-                    val_fraction=val_fraction,
-                    segment_chars=segment_chars,
-                    encoding=encoding,
-                    text_field=text_field,
-                    counts_dir=counts_dir,
-                )
-                optimize(
-                    fn=fn,
-                    inputs=[json.dumps(u) for u in units],
-                    output_dir=str((dest / split).resolve()),
-                    chunk_size=chunk_tokens,
-                    item_loader=TokensLoader(),
-                    num_workers=workers,
-                    mode="overwrite",
-                    start_method="fork" if os.name == "posix" else None,
-                    verbose=True,
-                )
-                index = json.loads((dest / split / "index.json").read_text())
-                counts[split] = int(sum(c["dim"] or 0 for c in index["chunks"]))
                 if counts[split] == 0:
                     raise ValueError(
                         f"--input: {shown!r}: gave no {split} tokens; add text or change --val-fraction ({val_fraction})"
@@ -231,6 +219,7 @@ def prepare(
             "val_fraction": val_fraction,
             "segment_chars": segment_chars,
         }
+        meta.update(balanced_split=balanced, chunks=record_chunks(dest))  # integrity.py: checked when a run starts
         (dest / META).write_text(json.dumps(meta, indent=2))
         claim.commit()
     except BaseException:
@@ -244,6 +233,9 @@ def prepare(
                 f"{KIND_NAMES[kind]} file(s)"
             read.append(f"{formats[kind]} {what} ({n:,} rows)")
     summary = ["read " + ", ".join(read), *scan.summary(root)]
+    if balanced:
+        summary.append("the hash split left a split empty (too little text for --val-fraction): split again so that "
+                       "each text file gives a segment to train and to val (meta.json: balanced_split)")
     if rows:
         lines = [c.describe(rel, text_field, kinds.get(rel, "jsonl")) for rel, c in sorted(bad_files.items())]
         summary.append(f"{n_bad:,} of {n_rows + n_bad:,} rows skipped (no usable text in {text_field!r}), in "
