@@ -73,6 +73,7 @@ class Holding:
     command: Optional[str] = None
     ours: set[str] = field(default_factory=set)
     foreign: set[str] = field(default_factory=set)
+    other: Optional[str] = None  # the command whose manifest it has, when that is not one of ours
 
     @property
     def data(self) -> set[str]:
@@ -96,12 +97,13 @@ def _read_manifest(folder: Path) -> tuple[Optional[str], set[str]]:
     return None, set()
 
 
-def inspect(folder: Path, command: str) -> Holding:
-    """What ``folder`` (resolved, an existing folder) holds, as seen by ``command``."""
-    entries = {p.name for p in folder.iterdir()}
+def inspect(folder: Path, command: str, ignore: Optional[Path] = None) -> Holding:
+    """What ``folder`` (resolved, an existing folder) holds, as seen by ``command`` (``ignore``: its own
+    temporary folder when that had to go inside)."""
+    entries = {p.name for p in folder.iterdir() if p != ignore}
     owner, listed = _read_manifest(folder)
     if owner not in OWNERS[command]:
-        return Holding(None, set(), entries)
+        return Holding(None, set(), entries, owner)
     return Holding(owner, entries & listed, entries - listed)
 
 
@@ -127,10 +129,12 @@ class OutputFolder:
             return Holding()
         if not self.real.is_dir():
             raise self._error("is a file, not a folder", "give a new or empty folder")
-        held = inspect(self.real, self.command)
+        held = inspect(self.real, self.command, ignore=self.tmp)
         if held.command is None and held.foreign:
+            whose = f"the output of {held.other}, which {self.command} does not replace" if held.other else \
+                f"files that {self.command} did not write"
             raise self._error(
-                f"holds files that {self.command} did not write ({_names(held.foreign)})",
+                f"holds {whose} ({_names(held.foreign)})",
                 f"choose a new or empty folder ({self.command} never deletes or replaces files it did not write; "
                 f"it owns only what its manifest {MANIFEST} lists)")
         if held.data and not self.overwrite:
@@ -151,22 +155,34 @@ class OutputFolder:
         return path
 
     def _warn_stale(self) -> None:
-        for kind in ("tmp", "old"):
-            for path in self.real.parent.glob(f".{self.real.name}.{kind}-*"):
-                pid = path.name.rsplit(f".{kind}-", 1)[1].split("-")[0]
+        for path in self.real.parent.iterdir():
+            for kind in ("tmp", "old"):
+                prefix = f".{self.real.name}.{kind}-"
+                pid = path.name[len(prefix):].split("-")[0] if path.name.startswith(prefix) else ""
                 if pid.isdigit() and not _alive(int(pid)):
                     notice(f"{path}: left by an interrupted {self.command} or another command writing "
                            f"{self.out} (process {pid} is gone); delete it", "warning")
 
     def begin(self) -> Path:
+        """Check, then make the temporary sibling (and the missing parent folders); returns the sibling."""
         self.check()
-        missing = [p for p in [self.real.parent, *self.real.parent.parents] if not p.exists()]
-        for parent in reversed(missing):
-            parent.mkdir()
-            self.created.append(parent)
-        self._warn_stale()
-        self.tmp = self._sibling("tmp")
-        self.tmp.mkdir()
+        try:
+            missing = [p for p in [self.real.parent, *self.real.parent.parents] if not p.exists()]
+            for parent in reversed(missing):
+                parent.mkdir()
+                self.created.append(parent)
+            self._warn_stale()
+            self.tmp = self._sibling("tmp")
+            try:
+                self.tmp.mkdir()
+            except PermissionError:  # a folder of ours in a parent we may not write to: work inside it
+                if not self.real.is_dir():
+                    raise
+                self.tmp = self.real / f".scalevec.tmp-{os.getpid()}"
+                self.tmp.mkdir()
+        except BaseException:
+            self.abandon()
+            raise
         return self.tmp
 
     def commit(self) -> list[str]:
@@ -183,24 +199,34 @@ class OutputFolder:
         (self.tmp / MANIFEST).write_text(json.dumps({"command": self.command, "files": new, "note": note}, indent=2))
         if not self.real.exists():
             os.rename(self.tmp, self.real)
-        elif held.ours and not held.foreign:  # only our own files: swap the whole folder
-            os.chmod(self.tmp, self.real.stat().st_mode & 0o7777)
-            old = self._sibling("old")
-            os.rename(self.real, old)
-            try:
-                os.rename(self.tmp, self.real)
-            except BaseException:
-                os.rename(old, self.real)
-                raise
-            _remove(old)
-        else:  # an empty folder, or the user's files beside ours: entry by entry
-            self._move_entries(sorted(held.ours), [*new, MANIFEST])
+        elif not (held.ours and not held.foreign and self.tmp.parent != self.real and self._swap()):
+            self._move_entries(sorted(held.ours), [*new, MANIFEST])  # the user's files beside ours, an empty
+            #                                                          folder, or one that cannot be renamed
         self.tmp = None
         return [*new, MANIFEST]
 
+    def _swap(self) -> bool:
+        """Put the temporary folder in the place of ``real`` (which holds only our files); ``False`` when
+        ``real`` cannot be renamed (a mount point, a folder in use), with nothing changed."""
+        assert self.tmp is not None
+        os.chmod(self.tmp, self.real.stat().st_mode & 0o7777)
+        old = self._sibling("old")
+        try:
+            os.rename(self.real, old)
+        except OSError:
+            return False
+        try:
+            os.rename(self.tmp, self.real)
+        except BaseException:
+            os.rename(old, self.real)
+            raise
+        _remove(old)
+        return True
+
     def _move_entries(self, old_names: list[str], new_names: list[str]) -> None:
         assert self.tmp is not None
-        trash = self._sibling("old") if old_names else None
+        inside = self.tmp.parent == self.real
+        trash = (self.real / f".scalevec.old-{os.getpid()}" if inside else self._sibling("old")) if old_names else None
         moved_old: list[str] = []
         moved_new: list[str] = []
         try:
