@@ -1,12 +1,22 @@
 """TokenDataModule: streams prepared token chunks with litdata (StreamingDataset + TokensLoader).
 
-Blocks are ``seq_len + 1`` tokens (inputs and shifted targets). The training loader's position is part
-of this data module's ``state_dict`` (``state_dict``/``load_state_dict`` below: Lightning saves a data
-module's state in every checkpoint and hands it back on resume), because Lightning does not always
-restore a ``StreamingDataLoader`` by itself (litdata issue 775).
+Blocks are ``seq_len + 1`` tokens (inputs and shifted targets). Before litdata reads anything (``setup``,
+or the first loader) every prepared folder is checked against the chunk record of its ``meta.json``
+(``integrity.py``; ``data.verify``): a missing, truncated or corrupt chunk stops the run at once, naming
+the file and the prepare command to run again.
+
+Resume: Lightning saves the training loader's position (litdata's ``StreamingDataLoader.state_dict``) with
+its fit loop in every checkpoint and restores it into the new loader before the first batch
+(``_FitLoop._load_combined_loader_states``; ``tests/test_data_integrity.py`` resumes at several positions
+and fails when that restore is off). The data module adds only the fingerprint of each folder's training
+split (``state_dict``): litdata refuses a saved position whose folder path differs ("input_dir path state
+doesn't match"), so when the prepared folder moved and the fingerprints agree, the position is moved to
+the folder given now (``_relocate``); when they differ, or an older checkpoint has none and its folder is
+gone, the run stops naming both folders.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -20,7 +30,9 @@ from typing import Any, Optional, Union
 import lightning as L
 import torch
 
+from ..errors import UserError
 from .inputs import MANIFEST
+from .integrity import VERIFY_MODES, check_prepared, fingerprint, relocate_state
 from .prepare import DEFAULT_OUTPUT, META
 from .tokenizer import Tokenizer
 
@@ -70,6 +82,8 @@ class TokenDataModule(L.LightningDataModule):
         shuffle: shuffle the training chunks and blocks (seeded).
         seed: shuffle seed.
         val_batches: cap on validation batches per validation run (None: the whole split).
+        verify: how the prepared chunks are checked at start (``integrity.py``): ``auto`` (sizes always, and
+            the SHA-256 of every chunk when a folder holds at most 1 GiB of them), ``sizes`` or ``checksums``.
     """
 
     def __init__(
@@ -84,6 +98,7 @@ class TokenDataModule(L.LightningDataModule):
         shuffle: bool = True,
         seed: int = 42,
         val_batches: Optional[int] = None,
+        verify: str = "auto",
     ) -> None:
         super().__init__()
         self.data_dirs = [data_dir] if isinstance(data_dir, str) else list(data_dir)
@@ -101,10 +116,14 @@ class TokenDataModule(L.LightningDataModule):
         self.shuffle = shuffle
         self.seed = seed
         self.val_batches = val_batches
+        if verify not in VERIFY_MODES:
+            raise UserError("data.verify", verify, f"not one of {', '.join(VERIFY_MODES)}", "use auto (the default), "
+                            "sizes or checksums")
+        self.verify = verify
         self.source_names = self._source_names(self.data_dirs, names)
         for d in self.data_dirs:
             prepare_default_if_missing(d)
-        metas = [self._read_meta(d) for d in self.data_dirs]
+        self.metas = metas = [self._read_meta(d) for d in self.data_dirs]
         self.meta = metas[0]
         for d, m in zip(self.data_dirs[1:], metas[1:]):
             if m.get("tokenizer_sha256") != self.meta.get("tokenizer_sha256"):
@@ -143,8 +162,9 @@ class TokenDataModule(L.LightningDataModule):
                 f"model.config.seq_len: {self.seq_len} + 1 exceeds the prepared chunk size "
                 f"{self.meta['chunk_tokens']} of {data_dir!r}; re-run prepare with --chunk-tokens >= {block}"
             )
-        self._train_loader = None
-        self._pending_state: Optional[dict] = None
+        self._checked = False
+        self._fingerprints = [fingerprint(d, m) for d, m in zip(self.data_dirs, metas)]
+        self._saved: Optional[list] = None  # the fingerprints of the checkpoint being resumed
 
     @staticmethod
     def _source_names(data_dirs: list[str], names: Optional[list[str]]) -> list[str]:
@@ -224,19 +244,25 @@ class TokenDataModule(L.LightningDataModule):
             datasets, seed=self.seed, weights=self.weights, iterate_over_all=(split == "val" or self.weights is None)
         )
 
-    def train_dataloader(self):
-        from litdata import StreamingDataLoader
+    def setup(self, stage: Optional[str] = None) -> None:
+        self.check_data()
 
-        loader = StreamingDataLoader(
+    def check_data(self) -> None:
+        """Check every prepared folder's chunks against its record (once; ``integrity.check_prepared``)."""
+        if not self._checked:
+            for d, m in zip(self.data_dirs, self.metas):
+                check_prepared(d, m, self.verify)
+            self._checked = True
+
+    def train_dataloader(self):
+        self.check_data()
+        loader = _relocating_loader()(
             self._dataset("train", self.shuffle),
             batch_size=self.batch_size,
             num_workers=self.num_workers,
             drop_last=True,
         )
-        if self._pending_state is not None:
-            loader.load_state_dict(self._pending_state)
-            self._pending_state = None
-        self._train_loader = loader
+        loader.relocate = self._relocate
         return loader
 
     def val_dataloader(self):
@@ -245,6 +271,7 @@ class TokenDataModule(L.LightningDataModule):
         import torch.distributed as dist
         from litdata import StreamingDataLoader
 
+        self.check_data()
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
         def loader(dataset):
@@ -256,18 +283,29 @@ class TokenDataModule(L.LightningDataModule):
             loaders = _same_batch_count_on_every_rank(loaders)
         return loaders[0] if len(loaders) == 1 else loaders
 
-    # -- exact resume: the loader position travels in the checkpoint ---------------------------------
+    # -- resume: Lightning restores the loader position; a moved folder is followed when its data are the same --
     def state_dict(self) -> dict[str, Any]:
-        return {"train_loader": self._train_loader.state_dict() if self._train_loader is not None else None}
+        return {"sources": [{"dir": d, "fingerprint": fp} for d, fp in zip(self.data_dirs, self._fingerprints)]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        state = state_dict.get("train_loader")
-        if state is None:
-            return
-        if self._train_loader is not None:
-            self._train_loader.load_state_dict(state)
-        else:
-            self._pending_state = state
+        self._saved = state_dict.get("sources")  # None: a checkpoint written before the fingerprints
+
+    def _relocate(self, state: dict) -> dict:
+        return relocate_state(state, self.data_dirs, self._fingerprints, self._saved)
+
+
+@functools.lru_cache(maxsize=None)
+def _relocating_loader():
+    """litdata's ``StreamingDataLoader``, whose restored position first goes through ``relocate``."""
+    from litdata import StreamingDataLoader
+
+    class RelocatingLoader(StreamingDataLoader):
+        relocate = None
+
+        def load_state_dict(self, obj: dict[str, Any]) -> None:
+            super().load_state_dict(self.relocate(obj) if self.relocate is not None else obj)
+
+    return RelocatingLoader
 
 
 class FirstBatches:

@@ -25,12 +25,13 @@ Must not import Lightning or torch.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from pathlib import Path
 from typing import Optional
 
-from ..errors import RunError, UserError
+from ..errors import RunError, UserError, notice
 
 SPLITS = ("train", "val")
 ALGORITHM = "sha256"
@@ -48,7 +49,7 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _index(root: Path, split: str) -> dict:
+def _index(root: Path, split: str, meta: Optional[dict] = None) -> dict:
     path = root / split / "index.json"
     try:
         index = json.loads(path.read_text())
@@ -57,10 +58,10 @@ def _index(root: Path, split: str) -> dict:
         return index
     except FileNotFoundError:
         raise RunError(str(path), "missing", "the prepared folder has no index of its chunks (an interrupted "
-                       "prepare?)", _fix(root, {})) from None
+                       "prepare?)", _fix(root, meta or {})) from None
     except (ValueError, AttributeError) as err:
         raise RunError(str(path), "unreadable", f"not litdata's chunk index ({err}); it was cut short or changed",
-                       _fix(root, {})) from None
+                       _fix(root, meta or {})) from None
 
 
 def record_chunks(root: Path) -> dict:
@@ -97,7 +98,7 @@ def check_prepared(data_dir: str, meta: dict, verify: str = "auto") -> Optional[
         return None
     root = Path(data_dir)
     record = meta.get("chunks") if isinstance(meta.get("chunks"), dict) else None
-    indexes = {split: _index(root, split) for split in SPLITS}
+    indexes = {split: _index(root, split, meta) for split in SPLITS}
     total = sum(int(c.get("chunk_bytes") or 0) for index in indexes.values() for c in index["chunks"])
     if verify == "checksums" and record is None:
         raise RunError("data.verify", "checksums", f"{root / 'meta.json'} records no chunk checksums (prepared "
@@ -150,3 +151,39 @@ def fingerprint(data_dir: str, meta: dict, split: str = "train") -> Optional[str
     record = meta.get("chunks") if isinstance(meta.get("chunks"), dict) else {}
     content = {"chunks": index.get("chunks"), "config": index.get("config"), "record": record.get(split)}
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+def relocate_state(state: dict, data_dirs: list[str], fingerprints: list[Optional[str]],
+                   saved: Optional[list]) -> dict:
+    """A saved ``StreamingDataLoader`` position (``state``) whose training folder of each source is moved to
+    this run's folder (``data_dirs``) when the data are the same: the checkpoint's fingerprint (``saved``,
+    from the data module's state) equals this folder's, or, for a checkpoint without one, the old folder is
+    still there with the same fingerprint. Otherwise a ``RunError`` naming both folders."""
+    state = copy.deepcopy(state)
+    ds = state.get("dataset") or {}
+    children = [ds] if "input_dir_path" in ds else [ds.get(str(i)) for i in range(len(data_dirs))]
+    for i, (d, child) in enumerate(zip(data_dirs, children)):
+        if not isinstance(child, dict) or not child.get("input_dir_path") or "://" in d:
+            continue
+        here, old = str(Path(d, "train").absolute().resolve()), child["input_dir_path"]  # as litdata resolves it
+        if old == here:
+            continue
+        old_dir = str(Path(old).parent)
+        other = "holds other data than this folder (their chunk lists or checksums differ)"
+        if saved is not None and i < len(saved):
+            then = saved[i].get("fingerprint")
+        else:  # a checkpoint written before the fingerprints: the old folder itself, when it is still there
+            try:
+                then = fingerprint(old_dir, json.loads((Path(old_dir) / "meta.json").read_text()))
+            except (OSError, ValueError):
+                then, other = None, "is gone, and the checkpoint predates data fingerprints: nothing shows that " \
+                    "this folder holds the same data"
+        if then is None or then != fingerprints[i]:
+            raise RunError("data.data_dir", d, f"the checkpoint continues a data position in {old_dir}, which {other}",
+                           f"give --data.data_dir={old_dir} (the data it was trained on; a symbolic link there is "
+                           "enough), or start from its weights with a fresh data position: --model.init_from "
+                           "<checkpoint> instead of --ckpt_path")
+        child["input_dir_path"] = here
+        notice(f"data.data_dir: {d}: the checkpoint's data position was saved in {old_dir}; the same prepared data "
+               "(same chunks and checksums): resuming at that position here")
+    return state
