@@ -254,3 +254,14 @@ def test_import_of_a_truncated_file_names_it(world, capfd, sources, damaged):
                  "truncated or damaged", "copy it again")
     assert "internal" not in text and not (world.path / "out").exists()
     assert os.listdir(world.path) == ["hf"]
+
+
+def test_import_of_a_config_without_a_required_key_names_it(world, capfd, sources):
+    src = source_copy(sources, "import", world.path / "hf")
+    config = json.loads((src / "config.json").read_text())
+    del config["hidden_size"]
+    (src / "config.json").write_text(json.dumps(config))
+    text = check(world, capfd, command("import", src, world.path / "out" / "model"), 2,
+                 f"error: {src / 'config.json'}: no 'hidden_size': a key every checkpoint of its architecture has is "
+                 "missing")
+    assert "internal" not in text and not (world.path / "out").exists()

@@ -160,7 +160,11 @@ def load_hf(folder: str | Path) -> tuple[Transformer, str]:
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise UserError("--hf", str(folder), "has no config.json", "give a local transformers checkpoint folder")
-    arch, config, strategy = config_from_hf(_read_json(folder / "config.json"), str(folder / "config.json"))
+    try:
+        arch, config, strategy = config_from_hf(_read_json(folder / "config.json"), str(folder / "config.json"))
+    except KeyError as err:
+        raise UserError(str(folder / "config.json"), f"no {err.args[0]!r}", "a key every checkpoint of its "
+                        "architecture has is missing", "give the config.json saved with the checkpoint") from None
     spec = {"config": dataclasses.asdict(config), "strategy": strategy, "block": describe_callable(Block)}
     with torch.device("meta"):
         model = build_from_spec(spec)
