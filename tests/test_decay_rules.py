@@ -106,17 +106,21 @@ def test_muon_group_keeps_its_own_decay_under_the_presets():
 
 # -- (3): a non-finite step skipped -----------------------------------------------------------------------
 class PoisonedLM(CausalLM):
-    """The loss of the training step at ``global_step == bad`` is NaN."""
+    """The loss of training batch ``bad`` (a micro-batch under gradient accumulation) is NaN."""
 
     bad = 2
 
+    def training_step(self, batch, batch_idx):
+        self._batch_idx = batch_idx
+        return super().training_step(batch, batch_idx)
+
     def _loss(self, batch):
         loss, n = super()._loss(batch)
-        return (loss * float("nan"), n) if self.training and self.global_step == self.bad else (loss, n)
+        return (loss * float("nan"), n) if self.training and self._batch_idx == self.bad else (loss, n)
 
 
 class Snapshots:
-    """The parameters before and after every training batch, keyed by the global step the batch started at."""
+    """The parameters before and after every optimizer step (its first and last micro-batch), by global step."""
 
     def __init__(self):
         from lightning.pytorch.callbacks import Callback
@@ -128,7 +132,8 @@ class Snapshots:
         class _CB(Callback):
             def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
                 outer.step = trainer.global_step
-                outer.before[outer.step] = copy.deepcopy(pl_module.model.state_dict())
+                if outer.step not in outer.before:
+                    outer.before[outer.step] = copy.deepcopy(pl_module.model.state_dict())
 
             def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
                 outer.after[outer.step] = copy.deepcopy(pl_module.model.state_dict())
@@ -136,10 +141,12 @@ class Snapshots:
         self.callback = _CB()
 
 
+@pytest.mark.parametrize("accumulate", [1, 2])
 @pytest.mark.parametrize("deferred", [False, True], ids=["immediate", "deferred"])
-def test_a_skipped_nonfinite_step_leaves_every_parameter_bitwise_unchanged(deferred, monkeypatch):
+def test_a_skipped_nonfinite_step_leaves_every_parameter_bitwise_unchanged(deferred, accumulate, monkeypatch):
     """nonfinite: skip, fused AdamW (deferred: the CUDA path on a CPU, the step skipped through found_inf), a NaN
-    loss at step 2: no parameter changes in that step, scale vectors included; the other steps do decay them."""
+    loss at step 2 (with accumulation: its second micro-batch, after a finite one): no parameter changes in that
+    step, scale vectors included; the steps around it do decay them."""
     import lightning as L
 
     from scalevec_lit.lit import nonfinite
@@ -147,12 +154,14 @@ def test_a_skipped_nonfinite_step_leaves_every_parameter_bitwise_unchanged(defer
     monkeypatch.setattr(nonfinite, "DEFERRED_ON_CPU", deferred)
     lm = PoisonedLM(config=tiny_config(vocab_size=VOCAB), strategy=ScaleStrategy(**QK_NORM), schedule=Constant(),
                     optimizer=partial(torch.optim.AdamW, lr=LR, weight_decay=WD, fused=True), nonfinite="skip")
+    lm.bad = 2 * accumulate + accumulate - 1  # the last micro-batch of step 2
     snaps = Snapshots()
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                        num_sanity_val_steps=0, callbacks=[RoleWeightDecay(), snaps.callback])
+                        num_sanity_val_steps=0, accumulate_grad_batches=accumulate,
+                        callbacks=[RoleWeightDecay(), snaps.callback])
     with pytest.warns(UserWarning, match=r"non-finite loss nan at step 2\b.*: step skipped \(1 so far\)"):
-        trainer.fit(lm, train_dataloaders=DataLoader(torch.randint(0, VOCAB, (16, 33)), batch_size=4))
+        trainer.fit(lm, train_dataloaders=DataLoader(torch.randint(0, VOCAB, (32, 33)), batch_size=4))
     assert lm.skipped_steps == 1 and sorted(snaps.after) == [0, 1, 2, 3]
     before, after = snaps.before[2], snaps.after[2]
     changed = [k for k in before if not torch.equal(before[k], after[k])]

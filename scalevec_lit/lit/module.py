@@ -25,10 +25,11 @@ from ..model.transformer import BlockFactory, Transformer, count_parameters
 from ..scale.registry import DECAYED_BY, SCALE
 from ..scale.strategy import ScaleStrategy
 from . import nonfinite as nonfinite_check
-from .nonfinite import NonFiniteGuard, supports_found_inf
+from .nonfinite import NonFiniteGuard, SkipWindow, supports_found_inf
 from .optim import build_param_groups, check_group_options, describe_groups, instantiate_optimizer
 from .parallel import DATASHEET_BF16_TFLOPS, ParallelOptions, parallelize
 from .schedules import Schedule, WarmupCosine
+from .tokenizer_check import check_same_tokenizer, data_identity
 
 OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
 
@@ -93,11 +94,12 @@ class CausalLM(L.LightningModule):
         self.parallel = parallel or ParallelOptions()
         self.compile = compile
         self.peak_tflops = peak_tflops
-        self.init_from, self._init_state = init_from, None
+        self.init_from, self._init_state, self._init_tokenizer = init_from, None, None
         if init_from is not None:  # check the recipe against the checkpoint before anything else is built
-            from .init_from import read_init
+            from .init_from import read_init_with_tokenizer
 
-            self.config, self._init_state = read_init(str(init_from), self.config, self.strategy, self.block)
+            self.config, self._init_state, self._init_tokenizer = read_init_with_tokenizer(
+                str(init_from), self.config, self.strategy, self.block)
         self._flops_per_token: Optional[float] = None
         self.model: Optional[Transformer] = None
         self.val_loss = MeanMetric()
@@ -109,6 +111,7 @@ class CausalLM(L.LightningModule):
         self._t_last: Optional[float] = None
         self._guard = NonFiniteGuard()
         self._immediate_check = True  # decided at fit start: CPU, or skip without an on-device skip
+        self._skip_window = SkipWindow()  # host-side skip: a non-finite micro-batch drops its whole step
 
     # -- model -------------------------------------------------------------------------------------
     def build_model(self) -> Transformer:
@@ -145,14 +148,18 @@ class CausalLM(L.LightningModule):
         return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()), y.numel()
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> Optional[torch.Tensor]:
+        accumulate = max(1, int(getattr(self.trainer, "accumulate_grad_batches", 1)))
+        if self._skip_window.dropped(batch_idx, accumulate):  # the rest of a skipped step's micro-batches
+            return None
         loss, ntok = self._loss(batch)
         aux = self.model.aux_losses()
         total = loss + sum(aux.values()) if aux else loss
         if self._immediate_check:  # CPU (free), or skip with an optimizer that cannot skip on the device
             if not torch.isfinite(total):
-                return self._on_nonfinite(self.global_step, total.item(), self.skipped_steps + 1, deferred=False)
+                skipped = self._on_nonfinite(self.global_step, total.item(), self.skipped_steps + 1, deferred=False)
+                self._skip_window.drop(self._torch_optimizer())  # (skip only: the others raised) no update at all
+                return skipped
         else:  # CUDA: device-side flag; the host reads it when it has arrived, never waiting for it
-            accumulate = max(1, int(getattr(self.trainer, "accumulate_grad_batches", 1)))
             self._guard.observe(total, self.global_step, self._torch_optimizer(), batch_idx % accumulate == 0)
             found = self._guard.poll()
             if found is not None:
@@ -267,6 +274,8 @@ class CausalLM(L.LightningModule):
         if len(names) > 1 and names != self.val_source_names:  # the data module gives one val loader per source
             self.val_source_names = names
             self.val_source_loss = torch.nn.ModuleList(MeanMetric() for _ in names)
+        if self._init_tokenizer is not None:  # the pretrained embeddings must stand for the data's tokens
+            check_same_tokenizer("model.init_from", str(self.init_from), self._init_tokenizer, data_identity(dm))
         data_vocab = getattr(dm, "vocab_size", None)
         if data_vocab is not None and data_vocab > self.config.vocab_size:
             raise ValueError(
@@ -306,18 +315,14 @@ class CausalLM(L.LightningModule):
             checkpoint["scalevec"]["tokenizer"] = tokenizer
 
     def _tokenizer_identity(self) -> Optional[dict]:
-        """The tokenizer the training data was prepared with (as its ``meta.json`` names it): export ships it."""
-        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        meta = getattr(dm, "meta", None) or {}
-        if not meta.get("tokenizer_sha256"):
-            return None
-        source = str(Path(dm.data_dir) / "meta.json") if "://" not in str(dm.data_dir) else f"{dm.data_dir}/meta.json"
-        return {"path": meta.get("tokenizer"), "sha256": meta["tokenizer_sha256"], "vocab_size": meta.get("vocab_size"),
-                "source": source}
+        """The tokenizer the training data was prepared with (as its ``meta.json`` names it): export ships it,
+        resume and ``init_from`` compare it with the data's (``tokenizer_check.py``)."""
+        return data_identity(getattr(self._trainer, "datamodule", None) if self._trainer is not None else None)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         extra = checkpoint.get("scalevec", {})
         path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
         check_spec(extra.get("spec"), model_spec(self.config, self.strategy, self.block), path)
+        check_same_tokenizer("--ckpt_path", str(path), extra.get("tokenizer"), self._tokenizer_identity())
         self.tokens_seen = int(extra.get("tokens_seen", 0))
         self.skipped_steps = int(extra.get("skipped_steps", 0))

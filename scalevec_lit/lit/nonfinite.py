@@ -14,6 +14,9 @@ and leave parameters, moments and step counts unchanged when it is 1. Then ``ski
 and ``stop``'s ``nonfinite.ckpt`` holds the weights from before the bad step. With other optimizers,
 ``skip`` falls back to an immediate per-step check (one sync per step, with a notice), and ``stop`` /
 ``raise`` may see up to a few updates from non-finite steps before they stop (the message says so).
+Either way a skipped step is the whole optimizer step: with gradient accumulation, one non-finite
+micro-batch drops the step of its window (on the device: ``found_inf`` is the OR over the window; on the
+host: ``SkipWindow`` drops the window's gradients and its remaining micro-batches), so no parameter moves.
 
 ``DEFERRED_ON_CPU = True`` (tests only) runs the deferred path on a CPU, with the copy started at one
 poll read at the next (one step late), so that the CUDA logic and every policy are tested without a GPU.
@@ -37,6 +40,28 @@ class _ArrivedEvent:
 
     def record(self) -> None:
         pass
+
+
+class SkipWindow:
+    """Host-side ``skip``: a non-finite micro-batch drops the optimizer step of its accumulation window.
+
+    ``drop`` sets the window's gradients to None (those of its earlier, finite micro-batches too), and
+    ``dropped`` is true for the window's remaining micro-batches (no forward, no backward), so at the step
+    no parameter has a gradient: the optimizer and ``RoleWeightDecay`` leave every parameter unchanged.
+    """
+
+    def __init__(self) -> None:
+        self._bad = False
+
+    def dropped(self, batch_idx: int, accumulate: int) -> bool:
+        if batch_idx % max(1, accumulate) == 0:  # a new window (Lightning zeroes gradients here)
+            self._bad = False
+        return self._bad
+
+    def drop(self, optimizer) -> None:
+        self._bad = True
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
 
 
 def supports_found_inf(optimizer) -> bool:
