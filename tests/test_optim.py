@@ -109,10 +109,12 @@ def test_non_matrix_tensors_of_a_muon_kind_go_to_adamw():
             self.w = nn.Parameter(torch.randn(4, 3, 5))  # stacked experts: 3-D
             self.proj = nn.Linear(5, 3, bias=False)
 
-    opt = MuonAdamW(build_param_groups(Experts()), lr=1e-3)
+    opt = MuonAdamW(build_param_groups(Experts()), lr=1e-3, weight_decay=0.1, muon_weight_decay=0.02)
     assert [(n, g["name"], len(g["params"])) for n, g in opt.all_param_groups()] == [
         ("AdamW", "matrix_nd", 1), ("Muon", "matrix", 1)
     ]
+    # the split-off tensors keep their kind's decay (Muon's λ) at AdamW's step size
+    assert [(g["lr"], g["weight_decay"]) for g in opt.param_groups] == [(1e-3, 0.02), (0.02, 0.02)]
 
 
 def test_bare_tensors_are_refused_with_the_fix():
