@@ -212,6 +212,7 @@ def prepare(
             "ignored": [str(p) for p in found.ignored],
             "tokenizer": str(tok.path.resolve()),
             "tokenizer_sha256": tok.fingerprint(),
+            "tokenizer_content": tok.content_hash(),  # vocabulary, merges, added tokens (checked where data meets a checkpoint)
             "vocab_size": tok.vocab_size,
             "eos_id": tok.eos_id,
             "tokens": counts,

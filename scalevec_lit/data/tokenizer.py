@@ -60,7 +60,71 @@ class Tokenizer:
         return self._tok.decode(list(ids))
 
     def fingerprint(self) -> str:
+        """The file's bytes (a copy is the same; a re-saved file may not be: see ``content_hash``)."""
         return hashlib.sha256(self.path.read_bytes()).hexdigest()[:16]
+
+    def content_hash(self) -> str:
+        """What maps text to ids: the vocabulary (token → id), the merges and the added tokens, hashed in a
+        canonical form, so that a tokenizer re-saved by another version of ``tokenizers`` (other
+        whitespace, merges as pairs or as strings) has the same hash and one with two tokens swapped does not."""
+        return content_hash(self.path)
+
+    def identity(self) -> dict:
+        """What a checkpoint records about the tokenizer of its data (``same_tokenizer`` compares two)."""
+        return {"path": str(self.path.resolve()), "sha256": self.fingerprint(), "content": self.content_hash(),
+                "vocab_size": self.vocab_size}
+
+
+def content_hash(path: str | Path) -> str:
+    """``Tokenizer.content_hash`` of a ``tokenizer.json`` file."""
+    import json
+
+    raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    model = raw.get("model") or {}
+    vocab = model.get("vocab")
+    if isinstance(vocab, dict):
+        vocab = sorted(((int(i), t) for t, i in vocab.items()))
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    added = sorted((int(t["id"]), t["content"], bool(t.get("special"))) for t in raw.get("added_tokens") or [])
+    canonical = json.dumps({"type": model.get("type"), "vocab": vocab, "merges": merges, "added": added},
+                           ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+def data_tokenizer(meta: dict, where: str) -> Optional[dict]:
+    """The identity of the tokenizer a prepared folder was made with, from its ``meta.json`` (``where``):
+    the content hash it records, or (folders prepared before it was recorded) that of the tokenizer file it
+    names when that file is still there with the recorded bytes; ``None`` when nothing is recorded."""
+    if not meta.get("tokenizer_sha256"):
+        return None
+    ident = {"path": meta.get("tokenizer"), "sha256": meta["tokenizer_sha256"], "vocab_size": meta.get("vocab_size"),
+             "source": where}
+    content = meta.get("tokenizer_content")
+    if content is None and meta.get("tokenizer") and Path(meta["tokenizer"]).is_file():
+        tok = Path(meta["tokenizer"])
+        if hashlib.sha256(tok.read_bytes()).hexdigest()[:16] == meta["tokenizer_sha256"]:
+            content = content_hash(tok)
+    if content is not None:
+        ident["content"] = content
+    return ident
+
+
+def same_tokenizer(a: dict, b: dict) -> Optional[bool]:
+    """Whether two recorded tokenizers map text to the same ids: by content when both record it, else by the
+    file's bytes (equal bytes: the same; different bytes and no content: ``None``, cannot tell)."""
+    if a.get("content") and b.get("content"):
+        return a["content"] == b["content"]
+    if a.get("sha256") and a.get("sha256") == b.get("sha256"):
+        return True
+    return None
+
+
+def describe_tokenizer(ident: dict) -> str:
+    """``'path' (vocab N, content 1a2b…)`` for error messages."""
+    parts = [f"vocab {ident['vocab_size']}"] if ident.get("vocab_size") is not None else []
+    if ident.get("content") or ident.get("sha256"):
+        parts.append(f"content {ident['content']}" if ident.get("content") else f"file sha256 {ident['sha256']}")
+    return f"{ident.get('path')!r} ({', '.join(parts)})"
 
 
 def text_files(folder: str | Path, key: str = "input") -> list[Path]:

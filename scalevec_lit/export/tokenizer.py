@@ -1,6 +1,6 @@
-"""The tokenizer an export ships: the one recorded in the checkpoint (path and fingerprint, as in
+"""The tokenizer an export ships: the one recorded in the checkpoint (path, file hash and content hash, as in
 ``meta.json``; an export ships exactly that tokenizer or refuses with the fix), ``--tokenizer`` (checked
-against the recorded fingerprint), a native export folder, or, for checkpoints written before the
+by content against the recorded one, or the one inside a native folder), a native export folder, or, for checkpoints written before the
 identity was recorded, the run's ``config.yaml`` near the checkpoint (``find_tokenizer``), written with the ``tokenizer_config.json`` and
 ``special_tokens_map.json`` transformers' AutoTokenizer reads (``write_tokenizer``).
 
@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from ..data.tokenizer import DEFAULT_TOKENIZER, Tokenizer
+from ..data.tokenizer import DEFAULT_TOKENIZER, Tokenizer, describe_tokenizer, same_tokenizer
 from .errors import ExportError
 
 
@@ -64,10 +64,12 @@ def find_tokenizer(ckpt: Optional[str | Path], explicit: Optional[str | Path] = 
     """
     if recorded and recorded.get("sha256"):
         return _recorded_tokenizer(recorded, explicit)
+    inside = Path(ckpt) / "tokenizer.json" if ckpt is not None else None
+    if inside is not None and inside.is_file():  # a native folder ships its own: --tokenizer must be the same
+        return _recorded_tokenizer({**Tokenizer(inside, key=str(inside)).identity(), "source": None}, explicit) \
+            if explicit is not None else (inside, f"the one in {ckpt}")
     if explicit is not None:
         return Tokenizer(explicit, key="--tokenizer").path, "given with --tokenizer"
-    if ckpt is not None and (Path(ckpt) / "tokenizer.json").is_file():
-        return Path(ckpt) / "tokenizer.json", f"the one in {ckpt}"
     why = "no --tokenizer and no run config.yaml near the checkpoint"
     found = {}
     for cfg in _run_configs(Path(ckpt)) if ckpt is not None else []:
@@ -90,26 +92,28 @@ def find_tokenizer(ckpt: Optional[str | Path], explicit: Optional[str | Path] = 
 
 
 def _recorded_tokenizer(recorded: dict, explicit: Optional[str | Path]) -> tuple[Path, str]:
-    want, path = recorded["sha256"], recorded.get("path")
+    """The recorded tokenizer, or ``--tokenizer`` when it is the same by content (a copy, or the file re-saved
+    by another version of ``tokenizers``); anything else is refused with both names."""
+    want, path = recorded.get("content") or recorded["sha256"], recorded.get("path")
     if explicit is not None:
         tok = Tokenizer(explicit, key="--tokenizer")
-        if tok.fingerprint() != want:
+        if not same_tokenizer(recorded, tok.identity()):
             raise ExportError(
-                f"--tokenizer: {str(explicit)!r}: is not the tokenizer the model was trained with ({path!r}, "
-                f"fingerprint {want}; this one is {tok.fingerprint()}); pass that tokenizer.json (a copy is fine) "
-                "or leave --tokenizer out"
+                f"--tokenizer: {str(explicit)!r}: is not the tokenizer the model was trained with: given "
+                f"{describe_tokenizer(tok.identity())}, trained with {describe_tokenizer(recorded)}; pass that "
+                "tokenizer.json (a copy is fine) or leave --tokenizer out"
             )
-        return tok.path, "given with --tokenizer (its fingerprint matches the one recorded in the checkpoint)"
+        return tok.path, "given with --tokenizer (the same, by content, as the one recorded in the checkpoint)"
     if path and Path(path).is_file():
         tok = Tokenizer(path, key="the checkpoint's tokenizer")
-        if tok.fingerprint() == want:
+        if same_tokenizer(recorded, tok.identity()):
             source = f"the tokenizer {recorded['source']} was prepared with" if recorded.get("source") else "the tokenizer"
-            return tok.path, f"{source} ({path}, fingerprint {want}, recorded in the checkpoint)"
-        state = f"has changed since training (fingerprint now {tok.fingerprint()})"
+            return tok.path, f"{source} ({path}, {want}, recorded in the checkpoint)"
+        state = f"has changed since training (now {describe_tokenizer(tok.identity())})"
     else:
         state = "is not there any more"
     raise ExportError(
-        f"--tokenizer: (not given): the model was trained with the tokenizer {path!r} (fingerprint {want}), which "
+        f"--tokenizer: (not given): the model was trained with the tokenizer {describe_tokenizer(recorded)}, which "
         f"{state}; pass --tokenizer <a copy of that tokenizer.json>"
     )
 

@@ -14,7 +14,7 @@ Must not import Lightning (the module that calls it does).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -72,12 +72,20 @@ def _has_dense(config: dict[str, Any]) -> bool:
 def read_init(path: str, config: TransformerConfig, strategy: ScaleStrategy,
               block: Callable) -> tuple[TransformerConfig, dict[str, torch.Tensor]]:
     """``(config to build, weights)`` for ``init_from``; ``UserError`` when the recipe builds another model."""
-    from ..export.checkpoint import read_checkpoint
+    config, state, _ = read_init_with_tokenizer(path, config, strategy, block)
+    return config, state
+
+
+def read_init_with_tokenizer(path: str, config: TransformerConfig, strategy: ScaleStrategy,
+                             block: Callable) -> tuple[TransformerConfig, dict[str, torch.Tensor], Optional[dict]]:
+    """``read_init`` and the identity of the checkpoint's tokenizer (``tokenizer_check.py``), or ``None``."""
+    from ..export.checkpoint import read_checkpoint_extra
     from ..export.errors import ExportError
+    from .tokenizer_check import checkpoint_identity
 
     key = "model.init_from"
     try:
-        spec, state = read_checkpoint(path)
+        spec, state, extra = read_checkpoint_extra(path)
     except ExportError as err:
         raise UserError(key, path, str(err).split(": ", 1)[-1].split("; ")[0], "give a native folder (import, convert or export "
                         "--format native), a .ckpt of fit, or a distributed checkpoint folder") from None
@@ -93,7 +101,7 @@ def read_init(path: str, config: TransformerConfig, strategy: ScaleStrategy,
         raise UserError(key, path, f"the checkpoint's vocabulary ({vocab}) is smaller than the tokenizer's "
                         f"({config.vocab_size})", "prepare the data with the tokenizer that came with the checkpoint "
                         "(the tokenizer.json in its folder)")
-    return dataclasses.replace(config, vocab_size=vocab), state
+    return dataclasses.replace(config, vocab_size=vocab), state, checkpoint_identity(path, extra)
 
 
 @torch.no_grad()
