@@ -77,17 +77,20 @@ def test_datamodule_blocks_are_seq_len_plus_one(prepared_data):
 
 
 def test_loader_state_restores_the_next_batches(prepared_data):
+    """The loader's own state (Lightning saves and restores it; test_data_integrity.py: through a Trainer)."""
     dm = TokenDataModule(str(prepared_data), seq_len=32, batch_size=4)
-    it = iter(dm.train_dataloader())
+    loader = dm.train_dataloader()
+    it = iter(loader)
     for _ in range(3):
         next(it)
-    state = dm.state_dict()
+    state = loader.state_dict()
     expected = [next(it) for _ in range(2)]
-    dm2 = TokenDataModule(str(prepared_data), seq_len=32, batch_size=4)
-    dm2.load_state_dict(state)
-    it2 = iter(dm2.train_dataloader())
+    loader2 = TokenDataModule(str(prepared_data), seq_len=32, batch_size=4).train_dataloader()
+    loader2.load_state_dict(state)
+    it2 = iter(loader2)
     for want in expected:
         assert torch.equal(next(it2), want)
+    assert dm.state_dict() == {"sources": [{"dir": str(prepared_data), "fingerprint": dm._fingerprints[0]}]}
 
 
 def test_missing_data_folder_names_path_and_fix(tmp_path):

@@ -14,7 +14,6 @@ import torch
 from helpers import check, fit
 from scalevec_lit.data.datamodule import TokenDataModule
 from scalevec_lit.data.prepare import prepare
-from scalevec_lit.data.split import split_text
 from scalevec_lit.data.tokenizer import DEFAULT_TOKENIZER, Tokenizer
 from scalevec_lit.errors import RunError
 
@@ -140,6 +139,8 @@ def test_any_text_gives_val_tokens(tmp_path, kind):
     assert meta["balanced_split"] == (kind == "one_short_paragraph")  # the others are split by the hash alone
     tok = Tokenizer(DEFAULT_TOKENIZER)
     val, train = _tokens(out, "val"), _tokens(out, "train")
+    from scalevec_lit.data.split import split_text
+
     pieces = [seg for seg, _ in split_text(text, "a.txt", 400, 0.05, balanced=meta["balanced_split"])]
     assert len(pieces) == 2 if kind == "one_short_paragraph" else len(pieces) > 10  # main: one segment per file
     strip = str.maketrans("", "", "\r\n")
