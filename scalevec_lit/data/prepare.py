@@ -11,9 +11,9 @@ Every document or segment is encoded with an end-of-text id appended, and the to
 with litdata's ``optimize`` (``TokensLoader``), in parallel workers over work units (files, or groups of
 parquet row groups). ``meta.json`` records the tokenizer, its vocabulary, the counts and every chunk
 (size, SHA-256: ``integrity.py``); the data module checks them. What prepare reads (binary and
-undecodable files) is in ``inputs.py``; where it writes (the output folder it owns, ``--overwrite``, all or nothing) in ``scalevec_lit/outdir.py``. It ends with a summary of
-files read and skipped, and of the rows skipped in each file (missing field, null, not a string, empty,
-invalid JSON); a prepare that fails prints what it had skipped until then on stderr, before the error.
+undecodable files) is in ``inputs.py``; where it writes (the output folder it owns, ``--overwrite``, all
+or nothing) in ``scalevec_lit/outdir.py``. It ends with a summary of files read and skipped, and of the
+rows skipped in each file (missing field, null, not a string, empty, invalid JSON); a prepare that fails prints what it had skipped until then on stderr, before the error.
 
 Must not import Lightning.
 """
