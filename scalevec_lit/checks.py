@@ -4,7 +4,8 @@
 - ``check_config_files``: every ``--config`` file exists, has no tab in its indentation and parses as YAML
   (the file, line and column are named).
 - ``check_config``: values the model, the data and Lightning would otherwise reject with a traceback or
-  accept silently: ``trainer.max_steps``, a GPU accelerator on a machine without one, the learning rate
+  accept silently: ``trainer.max_steps`` (also not set at all: a recipe overlay given without its base
+  recipe; a run without a checkpoint callback gets a one-line warning), a GPU accelerator on a machine without one, the learning rate
   (negative refused, 0 warned), ``model.config.seq_len``, ``data.batch_size``, ``data.data_dir``; a
   callback given twice (the recipe's and ``--trainer.callbacks+=...``) keeps the later one, with a note.
 """
@@ -104,8 +105,44 @@ def check_config(cfg: Any, subcommand: str) -> None:
         if value is not None and value < low:
             raise UserError(key, value, f"must be at least {low}", f"set e.g. --{key}={max(low, 1)}")
     if subcommand == "fit":
+        _check_run_length(cfg)
         _check_learning_rate(cfg)
     _dedupe_callbacks(cfg)
+    if subcommand == "fit":
+        _check_checkpointing(cfg)
+
+
+def _recipes(cfg: Any) -> list[str]:
+    return [str(getattr(c, "relative", c)) for c in (_get(cfg, "config") or []) if c is not None]
+
+
+def _check_run_length(cfg: Any) -> None:
+    """A fit without ``trainer.max_steps`` (nor ``max_epochs``) would run Lightning's 1000 passes over the data:
+    most often a strategy or optimizer recipe given without the base recipe it overlays."""
+    steps, epochs = _get(cfg, "trainer.max_steps"), _get(cfg, "trainer.max_epochs")
+    if steps not in (None, -1) or epochs not in (None, -1):
+        return
+    given = _recipes(cfg)
+    names = ", ".join(given) if given else "none"
+    raise UserError("trainer.max_steps", "(not set)", f"no run length: the recipes given ({names}) set neither "
+                    "trainer.max_steps nor trainer.max_epochs, so Lightning would run 1000 passes over the data "
+                    "(strategy and optimizer recipes are overlays, without a trainer section)",
+                    "start from a base recipe and put the overlay after it, e.g. --config recipes/smoke.yaml "
+                    f"--config {given[-1] if given else 'recipes/strategy/unified.yaml'}, or set --trainer.max_steps=N")
+
+
+def _check_checkpointing(cfg: Any) -> None:
+    """One line when a run will write no checkpoint before it ends (no checkpoint callback in the recipe)."""
+    if _get(cfg, "trainer.enable_checkpointing") is False:
+        return
+    callbacks = _get(cfg, "trainer.callbacks") or []
+    callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+    if any("Checkpoint" in str(_get(cb, "class_path", "")) for cb in callbacks):
+        return
+    notice("trainer.callbacks: no checkpoint callback: this run saves only Lightning's default checkpoint at the end "
+           "of each pass over the data, and a stop signal saves nothing; add "
+           "--trainer.callbacks+=scalevec_lit.callbacks.SafeModelCheckpoint "
+           "--trainer.callbacks.every_n_train_steps=1000 (or start from a base recipe, which has one)", kind="warning")
 
 
 def _check_accelerator(cfg: Any) -> None:

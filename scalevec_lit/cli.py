@@ -111,6 +111,9 @@ class ScaleVecCLI(LightningCLI):
             install_step_progress_bar(self.trainer)  # "step n/max_steps" instead of "Epoch 1/-2"
             if self.subcommand == "fit":
                 self._resolve_global_batch(self.trainer)
+        model_config = getattr(getattr(self, "model", None), "config", None)
+        if self.subcommand is not None and model_config is not None:  # the saved config.yaml is what runs
+            self.config[self.subcommand]["model.config.vocab_size"] = model_config.vocab_size
 
     def _resolve_global_batch(self, trainer) -> None:
         """The data-parallel size follows the world size (``data_parallel_size: auto``); the accumulation follows

@@ -259,3 +259,37 @@ def test_debug_shows_the_exception(world, monkeypatch, how):
     args = fit(world, f"--data.data_dir={world.path / 'nowhere'}") + (["--debug"] if how == "--debug" else [])
     with pytest.raises(FileNotFoundError, match="data.data_dir"):
         main(args)
+
+
+# -- values a run would not use as given: refused, or used and reported in one line -----------------------
+def test_a_vocabulary_smaller_than_the_tokenizer_is_refused(world, capfd):
+    check(world, capfd, fit(world, "--model.config.vocab_size=1000"), 2,
+          "model.config.vocab_size: 1000: is smaller than the vocabulary of the data's tokenizer (4096)",
+          "leave it out")
+
+
+def test_a_larger_vocabulary_is_used_as_given_and_the_saved_config_is_what_ran(world, capfd):
+    check(world, capfd, fit(world, "--model.config.vocab_size=4160"), 0,
+          "note: model.config.vocab_size: 4160: used as given, 64 rows more than the tokenizer's 4096")
+    saved = (world.path / "out" / "smoke" / "version_0" / "config.yaml").read_text()
+    assert "vocab_size: 4160" in saved
+    ckpt = torch.load(world.path / "out" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["state_dict"]["model.embed.weight"].shape[0] == 4160
+
+
+def test_a_strategy_recipe_without_its_base_recipe_is_refused(world, capfd):
+    check(world, capfd, ["fit", "--config", recipe("strategy", "unified.yaml"), f"--data.data_dir={world.data}",
+                         f"--trainer.default_root_dir={world.path / 'out'}"], 2,
+          "trainer.max_steps: (not set): no run length", "unified.yaml",
+          "--config recipes/smoke.yaml --config")
+    assert not (world.path / "out").exists()
+
+
+def test_a_run_without_a_checkpoint_callback_says_so(world, capfd):
+    bare = world.path / "bare.yaml"
+    bare.write_text(f"trainer:\n  max_steps: 1\n  logger: false\n  enable_progress_bar: false\n"
+                    f"  default_root_dir: {world.path / 'out'}\n  limit_val_batches: 0\n"
+                    f"data:\n  data_dir: {world.data}\n  batch_size: 2\nmodel:\n  config: {{seq_len: 32, n_layer: 1, "
+                    "n_embd: 32, n_head: 2}\n")
+    text = check(world, capfd, ["fit", "--config", bare], 0, "warning: trainer.callbacks: no checkpoint callback")
+    assert text.count("no checkpoint callback") == 1

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torchmetrics.aggregation import MeanMetric
 
+from ..errors import UserError, notice
 from ..model.block import Block
 from ..model.config import TransformerConfig
 from ..model.spec import check_spec, model_spec
@@ -36,6 +37,25 @@ OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
 
 def _adamw(params: Iterable) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+
+
+def resolve_vocab_size(given: int, data_vocab: Optional[int], quiet: bool = False) -> int:
+    """The model's vocabulary: the tokenizer's (``data_vocab``, linked from the data) unless the recipe sets
+    ``model.config.vocab_size``; a set value smaller than the tokenizer's is refused, a larger one is used as
+    given (padding rows, e.g. to a multiple of 64), with one line. The class default means "not set"."""
+    if data_vocab is None or given == data_vocab:
+        return given
+    if given == TransformerConfig.vocab_size:  # not set in the recipe: follow the tokenizer
+        return data_vocab
+    if given < data_vocab:
+        raise UserError("model.config.vocab_size", given, f"is smaller than the vocabulary of the data's tokenizer "
+                        f"({data_vocab}): token ids would fall outside the embedding",
+                        "leave it out (the vocabulary follows the tokenizer) or set it to at least "
+                        f"{data_vocab}")
+    if not quiet:
+        notice(f"model.config.vocab_size: {given}: used as given, {given - data_vocab} rows more than the "
+               f"tokenizer's {data_vocab} tokens (padding, never a target); leave it out to follow the tokenizer")
+    return given
 
 
 class NonFiniteLossError(RuntimeError):
@@ -83,7 +103,8 @@ class CausalLM(L.LightningModule):
     ) -> None:
         super().__init__()
         # replace() re-runs __post_init__, so the unresolved default gets its derived fields here
-        self.config = replace(config, vocab_size=vocab_size) if vocab_size is not None else replace(config)
+        self.config = replace(config, vocab_size=resolve_vocab_size(config.vocab_size, vocab_size,
+                                                                    quiet=init_from is not None))
         self.strategy = strategy if strategy is not None else ScaleStrategy()
         self.block = block
         self.optimizer_factory = optimizer
@@ -100,6 +121,9 @@ class CausalLM(L.LightningModule):
 
             self.config, self._init_state, self._init_tokenizer = read_init_with_tokenizer(
                 str(init_from), self.config, self.strategy, self.block)
+            if config.vocab_size not in (TransformerConfig.vocab_size, self.config.vocab_size):
+                notice(f"model.config.vocab_size: {config.vocab_size}: not used: a run from model.init_from has the "
+                       f"checkpoint's vocabulary ({self.config.vocab_size}); leave it out")
         self._flops_per_token: Optional[float] = None
         self.model: Optional[Transformer] = None
         self.val_loss = MeanMetric()
