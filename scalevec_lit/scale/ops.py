@@ -16,9 +16,11 @@ activation beyond what its neighbours save anyway.
   benchmarks/RESULTS.md). Dividing by ``u`` cannot recover a channel whose ``u_j`` is exactly 0 (its output
   is 0 whatever the input), and that channel's normalized input enters the gradients of ``u_j``, of the
   whole group's input (through the RMS) and so of the rows of W_q/W_k and everything upstream. So when
-  some ``u_j`` is exactly 0 (checked once per call on the small ``u``; only when a gradient is wanted) the
-  function also saves the normalized input and its backward uses it instead of dividing: exact for every
-  ``u``, at one activation-sized tensor more in that case only.
+  some ``u_j`` is exactly 0 (checked once per call on the small ``u``, only when a gradient is wanted: a
+  host read of one flag, a synchronization on a GPU) the function also saves the normalized input and its
+  backward uses it instead of dividing: exact for every ``u``, at one activation-sized tensor more in that
+  case only. Under ``torch.compile`` (no check: it would break the graph) the normalized input is always
+  offered to the backward and the compiler's partitioner decides what to keep.
 
 Also the rotate-half RoPE (``apply_rope``) that both this module and the model use.
 
@@ -251,8 +253,11 @@ class _GroupNormRope(torch.autograd.Function):
         t = _norm_rope_tables(u, cos, sin, a.shape[1], compute, backward=False)
         y = _pair_mul(n.to(compute), t.A, t.B).to(a.dtype)
         ctx.dtype = a.dtype
-        # a channel with u_j = 0 cannot be recovered from y: keep the normalized input itself then
-        keep_n = u is not None and any(ctx.needs_input_grad[:2]) and bool((u == 0).any())
+        # a channel with u_j = 0 cannot be recovered from y: keep the normalized input itself then (always
+        # under torch.compile, which cannot branch on a value without a graph break; its partitioner decides
+        # what it keeps)
+        keep_n = u is not None and any(ctx.needs_input_grad[:2]) and (
+            torch.compiler.is_compiling() or not bool(u.all()))
         ctx.save_for_backward(y, rstd, u, cos, sin, n if keep_n else None)
         return y
 
