@@ -66,6 +66,35 @@ def test_q_k_norm_gradients_are_exact_with_output_scale_entries_exactly_zero(rop
     assert gu[0, 1] != 0 and (gu[1] != 0).all()
 
 
+def test_q_k_norm_under_torch_compile_is_exact_with_zero_output_scales_and_one_graph():
+    """Under torch.compile (``block.compile()`` in the GPU recipes) the function is traced without a value
+    check (which would break the graph) and is exact for a zero u_j too (the aot_eager backend: dynamo and
+    AOTAutograd, no C compiler)."""
+    import torch._dynamo as dynamo
+
+    torch.manual_seed(8)
+    cos, sin = (t.double() for t in rope_tables(6, 8, 100.0))
+
+    def f(a, u):
+        return group_norm_rope(a, u, 1e-6, cos, sin)
+
+    a = torch.randn(2, 6, 3, 8, dtype=torch.float64, requires_grad=True)
+    u = torch.rand(3, 8, dtype=torch.float64) + 0.5
+    u[1, 3] = 0.0
+    u.requires_grad_()
+    dynamo.reset()
+    assert dynamo.explain(f)(a, u).graph_break_count == 0
+    dynamo.reset()
+    got = torch.compile(f, backend="aot_eager")(a, u)
+    h = 4
+    z = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6) * u
+    want = z * cos[:6, None] + torch.cat((-z[..., h:], z[..., :h]), -1) * sin[:6, None]
+    grad = torch.randn_like(want)
+    for g, r in zip(torch.autograd.grad(got, [a, u], grad), torch.autograd.grad(want, [a, u], grad)):
+        assert _rel(g, r) <= 1e3 * EPS64
+    dynamo.reset()
+
+
 def test_q_k_norm_without_zero_output_scales_saves_no_input():
     """The exact path costs nothing when no u_j is 0: only the output, the per-head RMS and the tables'
     inputs are saved (the normalized input only once some u_j is exactly 0)."""
@@ -181,3 +210,90 @@ def test_channel_to_head_output_scale_is_claimed_exact_only_when_it_is(placement
     else:
         assert diff <= 1e3 * EPS64
         assert report.changes == []
+
+
+# -- (5) no parameter the loss cannot see ----------------------------------------------------------------------
+def _preset_model(preset: str, **over):
+    import dataclasses
+
+    import yaml
+
+    from helpers import ROOT, tiny_config
+    from scalevec_lit.model import Transformer
+    from scalevec_lit.model.spec import strategy_from_dict
+
+    strat = yaml.safe_load((ROOT / "recipes" / "strategy" / f"{preset}.yaml").read_text())["model"]["strategy"]
+    strategy = dataclasses.replace(strategy_from_dict(strat), **over)
+    torch.manual_seed(7)
+    cfg = tiny_config(vocab_size=128, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, seq_len=32)
+    return Transformer(cfg, strategy).double()
+
+
+def _backward(model):
+    import torch.nn.functional as F
+
+    idx = torch.randint(0, 128, (4, 33), generator=torch.Generator().manual_seed(3))
+    F.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten()).backward()
+
+
+@pytest.mark.parametrize("preset", ["unified", "unified_wide_qk", "unified_dnp_vup"])
+def test_unified_presets_have_no_parameter_the_loss_cannot_see(preset):
+    """Every parameter gets a gradient, and every scale parameter's largest |gradient| is above 1e-4 of the
+    largest scale gradient. A magnitude β in front of a per-head norm measured ~3e-6 of it (the trace eps
+    leaves; exactly 0 without eps): the presets give such a scale no magnitude (``magnitude_before_norm``)."""
+    from scalevec_lit.scale import DirectionScale, MagnitudeDirectionScale, scale_parameters
+
+    model = _preset_model(preset)
+    _backward(model)
+    peak = {n: p.grad.abs().max().item() for n, p in model.named_parameters() if p.grad is not None}
+    assert set(peak) == {n for n, _ in model.named_parameters()}
+    scales = {sp.name: peak[sp.name] for sp in scale_parameters(model)}
+    top = max(scales.values())
+    assert {n: g for n, g in scales.items() if g <= 1e-4 * top} == {}
+    assert all(g > 0 for g in peak.values())
+    # only the scales read by normalized branches lost their magnitude
+    normalized = {"unified": "qk", "unified_wide_qk": "qk", "unified_dnp_vup": ("v", "up")}[preset]
+    for sp in scale_parameters(model):
+        if sp.info.role == "input" and sp.info.part == "direction" and sp.info.site.endswith("_input"):
+            kind = DirectionScale if sp.info.branch in normalized else MagnitudeDirectionScale
+            assert type(sp.vector) is kind, sp.name
+
+
+def test_monitor_warns_once_about_a_scale_the_loss_cannot_see():
+    """A magnitude kept in front of the per-head norm (magnitude_before_norm: true) is named in one warning
+    at the first optimizer step; the preset as shipped gets none."""
+    from types import SimpleNamespace
+
+    from scalevec_lit.callbacks import ScaleVectorMonitor
+
+    trainer = SimpleNamespace(is_global_zero=True)
+    kept = _preset_model("unified", magnitude_before_norm=True)
+    _backward(kept)
+    monitor = ScaleVectorMonitor()
+    with pytest.warns(UserWarning) as record:
+        monitor.on_before_optimizer_step(trainer, kept, None)
+    (message,) = [str(w.message) for w in record if "ScaleVectorMonitor" in str(w.message)]
+    names = [f"blocks.{i}.attn.input.scales.{b}.magnitude" for i in (0, 1) for b in "qk"]
+    assert message.startswith("ScaleVectorMonitor: 4 scale parameter(s) got no gradient at the first step "
+                              f"(below 1e-4 of the largest scale gradient): {', '.join(names)}; ")
+    assert "\n" not in message and "magnitude_before_norm: false" in message
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        monitor.on_before_optimizer_step(trainer, kept, None)  # checked once per fit
+        shipped = _preset_model("unified")
+        _backward(shipped)
+        ScaleVectorMonitor().on_before_optimizer_step(trainer, shipped, None)
+
+
+def test_direction_scale_holds_unit_rms_gammas_exactly_and_folds_others():
+    from scalevec_lit.scale import DirectionScale
+    from scalevec_lit.scale.convert import set_scale_
+
+    vec = DirectionScale(4).double()
+    assert torch.equal(vec(), torch.ones(4, dtype=torch.float64))  # starts at exactly 1
+    unit = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=torch.float64)
+    assert set_scale_(vec, unit) and torch.equal(vec(), unit)
+    assert not set_scale_(vec, 2 * unit) and torch.equal(vec(), unit)  # refused: left as it was
+    assert set_scale_(vec, torch.ones(4, dtype=torch.float64)) and torch.equal(vec(), torch.ones(4, dtype=torch.float64))
