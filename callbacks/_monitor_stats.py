@@ -1,5 +1,6 @@
 """What the monitor computes from the registry's scale vectors, once gathered: effective γ, the
-parameterization's conserved quantity (the preconditioner drift), and the heatmap panels (layers × sites)."""
+parameterization's conserved quantity (the preconditioner drift), the heatmap panels (layers × sites), and
+the scale parameters the loss cannot see (``invisible_scales``)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -10,9 +11,14 @@ import torch
 from scalevec_lit.scale.sites import INPUT, Consumer, layer_label
 from scalevec_lit.scale.vector import ScaleVector
 
-from ._monitor_reduce import _is_dtensor, full_tensor
+from ._monitor_reduce import _is_dtensor, full_tensor, tensor_statistics
 
 STATS = ("mean", "std", "min", "max")
+
+#: a scale parameter whose largest |gradient| is at most this fraction of the largest among all scale
+#: parameters is reported as invisible to the loss (a β in front of a per-head norm measures ~3e-6 of it on a
+#: tiny model, eps's trace; the smallest real one ~7e-4)
+INVISIBLE_GRAD = 1e-4
 
 
 @torch.no_grad()
@@ -71,3 +77,20 @@ def heatmap_data(vectors, gstats, precond) -> dict[str, tuple[list[str], list[st
                 panels[names[5]][r, c] = precond[vid].get("drift_rel", np.nan)
         out[role] = (rows, cols, panels)
     return out
+
+
+@torch.no_grad()
+def invisible_scales(params: list) -> list[str]:
+    """Names of the scale parameters (``ScaleParam``) whose gradient is zero or within ``INVISIBLE_GRAD`` of
+    the largest scale gradient: the function does not depend on them (an invariance), so decay alone moves
+    them. Parameters without a gradient are left out; nothing is reported when every gradient is 0.
+    Collective under FSDP2 (one gather of the gradients' statistics)."""
+    with_grad = [sp for sp in params if sp.param.grad is not None]
+    if not with_grad:
+        return []
+    st = tensor_statistics([sp.param.grad for sp in with_grad])
+    peak = torch.maximum(st[:, 2].abs(), st[:, 3].abs())
+    top = float(peak.max())
+    if not top > 0.0:
+        return []
+    return [sp.name for sp, g in zip(with_grad, peak.tolist()) if g <= INVISIBLE_GRAD * top]

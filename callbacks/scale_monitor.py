@@ -12,6 +12,10 @@ its value at the start of training (c is conserved under pure gradient flow): ``
 mean (c − c⁰), ``drift_absmax`` = max |c − c⁰|, ``drift_rel`` = drift_mean / mean |c⁰|. Every ``histogram_every_n_steps`` it adds histograms of each part, and
 at every log one image per role, ``scale/<role>/heatmap``: layers × sites for each statistic of γ.
 
+At the first optimizer step it looks at the scale parameters' gradients once and warns, in one line, about
+any the loss cannot see (zero gradient, or below 1e-4 of the largest scale gradient: ``invisible_scales``),
+such as a magnitude in front of a per-head norm (``model.strategy.magnitude_before_norm``).
+
 Sharded parameters (FSDP2 DTensors) are handled: statistics are computed on each rank's local shard and
 combined with one ``all_gather`` of a packed (sum, sum of squares, min, max, count) tensor per process
 group; column norms of consumer weights are reduced with one ``all_reduce``; the small γ vectors
@@ -43,7 +47,7 @@ from scalevec_lit.scale.vector import ScaleVector
 
 from ._monitor_figures import HeatmapFigure
 from ._monitor_reduce import consumer_sq_norms, full_tensor, tensor_statistics
-from ._monitor_stats import STATS, conserved_quantity, effective_gamma, heatmap_data, same_values
+from ._monitor_stats import STATS, conserved_quantity, effective_gamma, heatmap_data, invisible_scales, same_values
 
 __all__ = ["ScaleVectorMonitor", "ScaleSnapshot"]
 
@@ -96,6 +100,7 @@ class ScaleVectorMonitor(Callback):
         self._last_step: Optional[int] = None
         self._figures: dict[str, Any] = {}
         self._warned = False
+        self._grads_checked = False
 
     # -- computing -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -210,8 +215,21 @@ class ScaleVectorMonitor(Callback):
 
     def on_train_start(self, trainer: Any, pl_module: nn.Module) -> None:
         self._last_step = None
+        self._grads_checked = False
         if trainer.global_step == 0:  # the initial values (and the drift reference); a resumed run waits
             self._log(trainer, pl_module)
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: nn.Module, optimizer: Any) -> None:
+        if self._grads_checked:  # once per fit: the gradients of the first step tell the invariances
+            return
+        self._grads_checked = True
+        names = invisible_scales(list(scale_parameters(pl_module)))
+        if names and trainer.is_global_zero:
+            shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+            rank_zero_warn(f"ScaleVectorMonitor: {len(names)} scale parameter(s) got no gradient at the first step "
+                           f"(below 1e-4 of the largest scale gradient): {shown}; the loss does not depend on them "
+                           "(an invariance, e.g. a magnitude in front of a per-head norm), so only weight decay "
+                           "moves them; set model.strategy.magnitude_before_norm: false or do not decay them")
 
     def on_train_batch_end(self, trainer: Any, pl_module: nn.Module, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step % self.every_n_steps == 0:

@@ -8,6 +8,7 @@ from .registry import ScaleParam, scale_parameters, scale_sites
 from .sites import INPUT, OUTPUT, Branch, Consumer, NormSite, OutputNorm, ScaleInfo, ScaleSite
 from .strategy import BRANCHES, PLACEMENTS, Placement, ScaleStrategy
 from .vector import (
+    DirectionScale,
     ExpMagnitudeDirectionScale,
     MagnitudeDirectionScale,
     NoScale,
@@ -17,7 +18,7 @@ from .vector import (
 )
 
 __all__ = [
-    "BRANCHES", "Branch", "Consumer", "ExpMagnitudeDirectionScale", "INPUT", "MagnitudeDirectionScale",
+    "BRANCHES", "Branch", "Consumer", "DirectionScale", "ExpMagnitudeDirectionScale", "INPUT", "MagnitudeDirectionScale",
     "NoScale", "NormSite", "OUTPUT", "OutputNorm", "PLACEMENTS", "Placement", "PlainScale", "ScaleInfo",
     "ScaleParam", "ScaleSite", "ScaleStrategy", "ScaleVector", "UnitOffsetScale", "apply_rope", "fold_scales",
     "fold_scales_", "group_norm_rope", "rms_norm", "scale_parameters", "scale_sites", "scaled_linear",

@@ -20,8 +20,9 @@ its scale vectors), so the site stays the one place that knows placements. Per s
 ``set_scale_(vector, γ)`` inverts each shipped parameterization: PlainScale ``w = γ``; UnitOffsetScale
 ``w = γ − 1``; MagnitudeDirectionScale ``α = γ / RMS(γ)``, ``β = RMS(γ)·√(1 + ε)`` (the ε inside
 ``RMS(α) = √(mean α² + ε)``, 1e-12, is undone exactly; α carries the signs, β > 0); ExpMagnitude-
-DirectionScale the same with ``b = ln β`` (refused for γ ≡ 0, where β = 0); NoScale only γ ≡ 1. Any
-other parameterization is accepted when it reproduces γ after ``reset_parameters`` (γ ≡ 1), else folded.
+DirectionScale the same with ``b = ln β`` (refused for γ ≡ 0, where β = 0); DirectionScale ``α = γ`` for a γ
+of unit RMS only (γ ≡ 1 included; any other is folded); NoScale only γ ≡ 1. Any other parameterization
+is accepted when it reproduces γ after ``reset_parameters`` (γ ≡ 1), else folded.
 
 Plain torch only: must not import Lightning or ``scalevec_lit.model``.
 """
@@ -36,7 +37,8 @@ from torch import nn
 
 from .sites import NormSite, OutputNorm, ScaleSite
 from .strategy import has_input_side
-from .vector import ExpMagnitudeDirectionScale, MagnitudeDirectionScale, PlainScale, ScaleVector, UnitOffsetScale
+from .vector import (DirectionScale, ExpMagnitudeDirectionScale, MagnitudeDirectionScale, PlainScale, ScaleVector,
+                     UnitOffsetScale)
 
 __all__ = ["Transfer", "set_scale_", "transfer_"]
 
@@ -73,6 +75,13 @@ def set_scale_(vector: ScaleVector, gamma: torch.Tensor) -> bool:
         beta = rms * math.sqrt(1.0 + vector.eps)  # γ = β α / √(mean α² + ε) with mean α² = 1
         vector.direction.copy_(gamma / rms)
         vector.magnitude.fill_(math.log(beta) if exp else beta)
+    elif isinstance(vector, DirectionScale):  # γ = α / RMS(α): only a γ of unit RMS
+        before = vector.direction.detach().clone()
+        vector.direction.copy_(gamma)
+        if not _close(vector(), gamma):
+            vector.direction.copy_(before)
+            return False
+        return True
     elif hasattr(vector, "reset_parameters"):
         before = [p.detach().clone() for p in vector.parameters()]
         vector.reset_parameters()

@@ -207,7 +207,9 @@ class NormSite(ScaleSite):
         else:
             self.key = {b.name: ("shared" if b.name in scaled else None) for b in self.branches}
         names = list(dict.fromkeys(k for k in self.key.values() if k is not None))
-        self.scales = nn.ModuleDict({k: strategy.make_vector(dim) for k in names})
+        # a scale read only by branches that normalize their output: its size is invisible (no magnitude)
+        self.scales = nn.ModuleDict({k: strategy.make_vector(dim, before_norm=all(
+            self.normalizes(b) for b, key in self.key.items() if key == k)) for k in names})
         # MoE ``scales: expert``: one more γ_e per routed expert, on the columns of its gate/up weights
         has_experts = any(b.experts and b.name in scaled for b in self.branches)
         self.expert_scales = (

@@ -84,6 +84,13 @@ class ScaleStrategy:
             residual add (Gemma 2/3, OLMo 2 style).
         final_norm: keep the final norm's scale (the final RMS normalization itself always runs).
         eps: epsilon of every RMS normalization.
+        magnitude_before_norm: give an input-side scale whose every consumer normalizes its output
+            (``dual_norm`` on all the branches that read it: q and k of ``unified`` with HG) the
+            parameterization's separate magnitude. The function cannot see γ's size there (the per-head
+            RMS divides it out): the magnitude would get no gradient and decay would shrink it toward 0
+            unopposed. ``false`` (the ``unified*`` presets): such a scale is its direction only
+            (``ScaleVector.without_magnitude``; no change for parameterizations without a magnitude).
+            Default ``true``: models, specs and checkpoints written before the option keep their parameters.
     """
 
     vector: Callable[[int], ScaleVector] = PlainScale
@@ -93,6 +100,7 @@ class ScaleStrategy:
     sublayer_output_norm: bool = False
     final_norm: bool = True
     eps: float = 1e-6
+    magnitude_before_norm: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.placement, dict):  # frozen: a strategy is a value (safe as a shared default)
@@ -107,11 +115,16 @@ class ScaleStrategy:
                 "as scalevec_lit.scale.PlainScale"
             )
 
-    def make_vector(self, dim: int) -> ScaleVector:
+    def make_vector(self, dim: int, before_norm: bool = False) -> ScaleVector:
+        """A new scale vector of ``dim``; ``before_norm``: an input-side scale whose every consumer
+        normalizes its output (see ``magnitude_before_norm``)."""
         vec = self.vector(dim)
         if not isinstance(vec, ScaleVector):
             raise TypeError(
                 f"model.strategy.vector: {self.vector!r} built a {type(vec).__name__}, not a ScaleVector; "
                 "subclass scalevec_lit.scale.ScaleVector"
             )
+        if before_norm and not self.magnitude_before_norm:
+            alt = vec.without_magnitude()
+            vec = vec if alt is None else alt
         return vec

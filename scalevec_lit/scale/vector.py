@@ -37,6 +37,12 @@ class ScaleVector(nn.Module):
         """True when γ ≡ 1 with no parameter: the caller may skip the multiply."""
         return False
 
+    def without_magnitude(self) -> "ScaleVector | None":
+        """The same parameterization without its separate magnitude (a new module), or ``None`` when it has
+        none. Used where the function cannot see γ's size: in front of a normalization of every consumer's
+        output (``ScaleStrategy.magnitude_before_norm``), a magnitude would be a parameter without gradient."""
+        return None
+
     def conserved(self, col_sq: torch.Tensor, gamma: torch.Tensor, parts: dict[str, torch.Tensor]):
         """What plain gradient flow (no decay) conserves, given ``col_sq[j] = Σ_consumers ‖w_j‖²`` (float64),
         the full γ and the full parts; ``None`` when the parameterization conserves nothing useful.
@@ -102,6 +108,23 @@ def _unit_rms(alpha: torch.Tensor, eps: float) -> torch.Tensor:
     return alpha * torch.rsqrt(alpha.pow(2).mean() + eps)
 
 
+class DirectionScale(ScaleVector):
+    """γ = α / RMS(α): a direction only, α initialised to 1 (so γ starts at exactly 1). What a
+    magnitude-direction parameterization becomes in front of a normalization that makes γ's size invisible
+    (``without_magnitude``). The RMS is floored at 1e-12 (α = 0), not shifted by an ε, so that any γ of unit
+    RMS, γ ≡ 1 included, is held exactly (``scale.convert.set_scale_``)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim)
+        self.direction = nn.Parameter(torch.ones(dim))
+
+    def forward(self) -> torch.Tensor:
+        return self.direction * torch.rsqrt(self.direction.pow(2).mean().clamp_min(1e-24))
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.direction)
+
+
 class MagnitudeDirectionScale(ScaleVector):
     """OR (our form of the paper's magnitude-direction split): γ = β · α / RMS(α).
 
@@ -123,6 +146,9 @@ class MagnitudeDirectionScale(ScaleVector):
         nn.init.constant_(self.magnitude, self.magnitude_init)
         nn.init.ones_(self.direction)
 
+    def without_magnitude(self) -> ScaleVector:
+        return DirectionScale(self.dim)
+
     def conserved(self, col_sq, gamma, parts):
         """One number: ``Σ_j ‖w_j‖² − β²`` (β → c β, every consumer column → w / c); the direction has
         its own (‖α‖², scale-invariant), which says nothing about the consumers and is not logged."""
@@ -140,6 +166,9 @@ class ExpMagnitudeDirectionScale(ScaleVector):
 
     def forward(self) -> torch.Tensor:
         return self.magnitude.exp() * _unit_rms(self.direction, self.eps)
+
+    def without_magnitude(self) -> ScaleVector:
+        return DirectionScale(self.dim)
 
     def conserved(self, col_sq, gamma, parts):
         """One number: ``Σ_j ‖w_j‖² − 2 b`` (b → b + ln c, every consumer column → w / c)."""
