@@ -253,11 +253,12 @@ class _GroupNormRope(torch.autograd.Function):
         t = _norm_rope_tables(u, cos, sin, a.shape[1], compute, backward=False)
         y = _pair_mul(n.to(compute), t.A, t.B).to(a.dtype)
         ctx.dtype = a.dtype
-        # a channel with u_j = 0 cannot be recovered from y: keep the normalized input itself then (always
-        # under torch.compile, which cannot branch on a value without a graph break; its partitioner decides
-        # what it keeps)
+        # a channel with u_j = 0 cannot be recovered from y: keep the normalized input itself then. The check
+        # reads a value on the host, so it is made only for CPU tensors (free there); on an accelerator (a host
+        # sync per layer) and under torch.compile (a graph break) the normalized input is always kept (under
+        # compile its partitioner decides what it keeps)
         keep_n = u is not None and any(ctx.needs_input_grad[:2]) and (
-            torch.compiler.is_compiling() or not bool(u.all()))
+            torch.compiler.is_compiling() or u.device.type != "cpu" or not bool(u.all()))
         ctx.save_for_backward(y, rstd, u, cos, sin, n if keep_n else None)
         return y
 
