@@ -34,7 +34,7 @@ from ..errors import UserError
 from .inputs import MANIFEST
 from .integrity import VERIFY_MODES, check_prepared, fingerprint, relocate_state
 from .prepare import DEFAULT_OUTPUT, META
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, data_tokenizer, same_tokenizer
 
 
 def prepare_default_if_missing(data_dir: str, wait_s: float = 1800.0) -> bool:
@@ -125,8 +125,10 @@ class TokenDataModule(L.LightningDataModule):
             prepare_default_if_missing(d)
         self.metas = metas = [self._read_meta(d) for d in self.data_dirs]
         self.meta = metas[0]
+        first = data_tokenizer(self.meta, str(self.data_dirs[0])) or {}
         for d, m in zip(self.data_dirs[1:], metas[1:]):
-            if m.get("tokenizer_sha256") != self.meta.get("tokenizer_sha256"):
+            other = data_tokenizer(m, str(d)) or {}
+            if (other or first) and not same_tokenizer(other, first):  # by content: a copy is the same
                 raise ValueError(
                     f"data.data_dir: {d!r} was prepared with tokenizer {m.get('tokenizer')!r}, but {self.data_dir!r} with "
                     f"{self.meta.get('tokenizer')!r}; mixed datasets must share one tokenizer (re-run prepare)"
@@ -142,7 +144,7 @@ class TokenDataModule(L.LightningDataModule):
         self.tokenizer_path = tokenizer or self.meta.get("tokenizer")
         if tokenizer is not None:
             tok = Tokenizer(tokenizer, key="data.tokenizer")
-            if tok.fingerprint() != self.meta.get("tokenizer_sha256"):
+            if first and not same_tokenizer(tok.identity(), first):
                 raise ValueError(
                     f"data.tokenizer: {tokenizer!r} (vocab {tok.vocab_size}) is not the tokenizer "
                     f"{self.meta.get('tokenizer')!r} (vocab {self.meta.get('vocab_size')}) that {data_dir!r} was "
