@@ -104,3 +104,10 @@ def test_generate_compares_the_given_tokenizer_by_content(world, capfd, setting)
     text = check(world, capfd, ["generate", "--ckpt", ckpt, "--tokenizer", setting["resaved_tok"], "--prompt", "To be",
                                 "--max-new-tokens", "2"], 0, "the same, by content")
     assert text.startswith("To be")
+
+
+def test_data_tokenizer_is_compared_by_content(world, capfd, setting):
+    check(world, capfd, _run(world, world.data, f"--data.tokenizer={setting['swapped_tok']}"), 2,
+          f"data.tokenizer: '{setting['swapped_tok']}'", "is not the tokenizer")
+    check(world, capfd, _run(world, world.data, f"--data.tokenizer={setting['resaved_tok']}",
+                             "--trainer.max_steps=1"), 0)
