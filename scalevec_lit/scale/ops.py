@@ -74,25 +74,32 @@ def _compute_dtype(x: torch.Tensor, w: torch.Tensor) -> torch.dtype:
     return w.dtype
 
 
+def _unpack(n: int, layout: tuple, tensors: Sequence[torch.Tensor]) -> tuple[list, list, list]:
+    ws, rest = list(tensors[:n]), list(tensors[n:])
+    gs = [rest.pop(0) if has_g else None for has_g, _ in layout]
+    us = [rest.pop(0) if has_u else None for _, has_u in layout]
+    return ws, gs, us
+
+
 class _ScaledLinear(torch.autograd.Function):
+    """``slots[i]``: which of the distinct ``tensors`` is the i-th of (weights, γs, us) in ``layout`` order. A
+    tensor read by several branches (one γ shared by q, k, v) is handed over once: Dynamo refuses an
+    autograd.Function whose inputs repeat a tensor (a graph break per call), and the backward adds up its
+    partial gradients itself (what autograd did for a repeated input)."""
+
     @staticmethod
-    def forward(ctx, x, n: int, layout: tuple, *tensors):
-        ws, rest = list(tensors[:n]), list(tensors[n:])
-        gs = [rest.pop(0) if has_g else None for has_g, _ in layout]
-        us = [rest.pop(0) if has_u else None for _, has_u in layout]
+    def forward(ctx, x, n: int, layout: tuple, slots: tuple, *tensors):
+        ws, gs, us = _unpack(n, layout, [tensors[i] for i in slots])
         weight = _effective_weight(ws, gs, us)
         dtype = _compute_dtype(x, weight)
-        ctx.n, ctx.layout, ctx.dtype, ctx.x_dtype = n, layout, dtype, x.dtype
+        ctx.n, ctx.layout, ctx.slots, ctx.dtype, ctx.x_dtype = n, layout, slots, dtype, x.dtype
         ctx.save_for_backward(x, *tensors)
         return F.linear(x.to(dtype), weight.to(dtype))
 
     @staticmethod
     def backward(ctx, gy):
         x, *tensors = ctx.saved_tensors
-        n, layout = ctx.n, ctx.layout
-        ws, rest = tensors[:n], list(tensors[n:])
-        gs = [rest.pop(0) if has_g else None for has_g, _ in layout]
-        us = [rest.pop(0) if has_u else None for _, has_u in layout]
+        ws, gs, us = _unpack(ctx.n, ctx.layout, [tensors[i] for i in ctx.slots])
         weight = _effective_weight(ws, gs, us)  # recomputed: O(weight) work, no saved copy
         gy = gy.to(ctx.dtype)
         gx = gy @ weight.to(ctx.dtype) if ctx.needs_input_grad[0] else None
@@ -117,7 +124,10 @@ class _ScaledLinear(torch.autograd.Function):
             if u is not None:  # ∂/∂u_i = Σ_j G_ij W_ij γ_j
                 t = ge * w if cols is None else ge * w * cols
                 gu.append(t.sum(1).to(u.dtype))
-        return (gx.to(ctx.x_dtype) if gx is not None else None, None, None, *gw, *gg, *gu)
+        grads: list[Optional[torch.Tensor]] = [None] * len(tensors)
+        for i, grad in zip(ctx.slots, (*gw, *gg, *gu)):
+            grads[i] = grad if grads[i] is None else grads[i] + grad
+        return (gx.to(ctx.x_dtype) if gx is not None else None, None, None, None, *grads)
 
 
 def scaled_linear(
@@ -131,8 +141,14 @@ def scaled_linear(
         return F.linear(x, weights[0])  # saves the parameter itself: nothing to recompute
     # several maps without scales still go through the function: a concatenated weight would be saved
     layout = tuple((g is not None, u is not None) for g, u in zip(col_scales, row_scales))
-    tensors = [*weights, *(g for g in col_scales if g is not None), *(u for u in row_scales if u is not None)]
-    return _ScaledLinear.apply(x, len(weights), layout, *tensors)
+    distinct: list[torch.Tensor] = []
+    slots = []
+    for t in (*weights, *(g for g in col_scales if g is not None), *(u for u in row_scales if u is not None)):
+        i = next((j for j, seen in enumerate(distinct) if seen is t), len(distinct))
+        if i == len(distinct):
+            distinct.append(t)
+        slots.append(i)
+    return _ScaledLinear.apply(x, len(weights), layout, tuple(slots), *distinct)
 
 
 # -- group_norm_rope -------------------------------------------------------------------------------------------
