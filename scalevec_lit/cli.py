@@ -76,6 +76,14 @@ class ScaleVecCLI(LightningCLI):
     """LightningCLI with the links between data and model, and errors that suggest the fix."""
 
     def before_instantiate_classes(self) -> None:
+        # -- issue 24 (part G): --print_plan prints the plan (lit/plan.py) and exits 0, before any check or build
+        if self.subcommand is not None and self.config[self.subcommand].get("print_plan"):
+            from .lit.plan import print_plan
+
+            sub = self.config[self.subcommand]
+            print_plan(sub, sub.get("plan_devices"), sub.get("plan_device_memory"))
+            raise SystemExit(0)
+        # -- end of part G
         if self.subcommand is not None:
             check_config(self.config[self.subcommand], self.subcommand)
             from .lit.progress import drop_bars_when_disabled
@@ -149,6 +157,17 @@ class ScaleVecCLI(LightningCLI):
                                  "from data.batch_size, model.config.seq_len and the data-parallel size at start-up")
         parser.add_argument(f"--{SEQUENCES_KEY}", type=Optional[int], default=None,
                             help="the same in sequences (set one of the two)")
+        # -- issue 24 (part G): the plan before a launch (lit/plan.py)
+        from jsonargparse import ActionYesNo
+
+        parser.add_argument("--print_plan", action=ActionYesNo(no_prefix=None), default=False,
+                            help="print the parameters, per-device memory, FLOPs, batch and run length, then exit "
+                                 "(nothing allocated, no GPU needed)")
+        parser.add_argument("--plan_devices", type=Optional[int], default=None,
+                            help="devices to plan for (default: trainer.devices × trainer.num_nodes; auto: 8)")
+        parser.add_argument("--plan_device_memory", type=Optional[str], default=None,
+                            help="memory of one device: H100 (default), H200, A100 or a number of GiB")
+        # -- end of part G
         parser.link_arguments("model.config.seq_len", "data.seq_len")
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
 

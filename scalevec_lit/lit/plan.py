@@ -1,0 +1,330 @@
+"""The plan of a recipe before a launch: ``python -m scalevec_lit fit --config R --print_plan [--plan_devices N]
+[--plan_device_memory H200|<GiB>]`` prints the parameters, the per-device memory, the FLOPs, the batch and
+the run length, then exits 0 without building the trainer, the data or the model (the model is built on the
+meta device only; nothing is allocated, no GPU is needed).
+
+Per-device memory under the recipe's settings, with N the shard count (the data-parallel size under
+``ModelParallelStrategy``, i.e. FSDP2; 1 otherwise, where every device holds a replica):
+
+- weights and gradients: each parameter's shard, ``ceil(rows / N) × columns`` (FSDP2 shards dim 0, padded),
+  in fp32 (the master weights; bf16 mixed precision gathers bf16 copies per block and reduces gradients in
+  fp32, so the sharded gradients are fp32 too); ``bf16-true`` precision without FSDP2 keeps 2 bytes each;
+- optimizer state: its moments per parameter shard, read from the optimizer the recipe builds (instantiated
+  over meta parameters): AdamW 2 (3 with amsgrad), Muon 1 (its momentum), ``MuonAdamW`` Muon's for its
+  groups and AdamW's for the rest; the per-tensor step counters (4 B on the host, unless fused) are
+  not counted;
+- activations: what autograd saves for one micro-batch (``data.batch_size × model.config.seq_len`` tokens),
+  counted per token by ``lit/activations.py`` (validated to 1% against a measured CPU run);
+- transient: the gathered bf16 parameters (the root's embedding and head during the whole forward, two
+  blocks at a time: the running one and the prefetched one) and one block's unsharded gradients, plus the
+  larger of the loss's peak (the fp32 logits' gradients) and, with activation checkpointing, nothing more
+  (the recomputed block is counted in the activations).
+
+Not counted: the CUDA context and the communication buffers (about 1–3 GiB), allocator fragmentation,
+``torch.compile``'s own workspace. A plan above 90% of the device memory is called tight.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ..errors import UserError, notice
+from .activations import block_saved_constant, loss_transient_per_token, saved_per_token
+
+GIB = 2 ** 30
+#: Total memory as ``nvidia-smi`` reports it (MiB): H100 SXM 80 GB: 81,559; H200: 143,771; A100 80 GB: 81,920.
+DEVICE_MEMORY = {"H100": 81559 * 2 ** 20, "H200": 143771 * 2 ** 20, "A100": 81920 * 2 ** 20}
+DEFAULT_DEVICE = "H100"
+ASSUMED_DEVICES = 8  # devices: auto on a machine without GPUs
+ASSUMED_VOCAB = 32000  # the GPU recipes' vocabulary when no prepared data says otherwise
+TIGHT = 0.9
+
+
+def device_memory(value: Optional[str]) -> tuple[int, str]:
+    """``(bytes, label)`` of ``--plan_device_memory``: a GPU name (H100, H200, A100) or a number of GiB."""
+    if value is None:
+        return DEVICE_MEMORY[DEFAULT_DEVICE], f"{DEFAULT_DEVICE}, assumed: set --plan_device_memory"
+    name = str(value).strip().upper()
+    if name in DEVICE_MEMORY:
+        return DEVICE_MEMORY[name], name
+    try:
+        gib = float(value)
+    except ValueError:
+        gib = float("nan")
+    if not math.isfinite(gib) or gib <= 0:
+        raise UserError("plan_device_memory", value, "is neither a GPU name nor a positive number of GiB",
+                        f"give one of {', '.join(DEVICE_MEMORY)} or the GiB of one device, e.g. --plan_device_memory=141")
+    return int(gib * GIB), "given"
+
+
+def shard_numel(shape: torch.Size, shards: int) -> int:
+    """Elements of the largest shard when dim 0 is split ``shards`` ways (FSDP2; padded to equal shards)."""
+    if len(shape) == 0:
+        return 1
+    return math.ceil(shape[0] / shards) * math.prod(shape[1:])
+
+
+def optimizer_moments(optimizer: torch.optim.Optimizer) -> tuple[dict[int, int], str, bool]:
+    """``({id(param): state tensors of its size}, description, known)`` for an optimizer over meta parameters."""
+    groups = getattr(optimizer, "all_param_groups", lambda: [(type(optimizer).__name__, g) for g in optimizer.param_groups])()
+    counts: dict[int, int] = {}
+    names, known = [], True
+    for name, g in groups:
+        if name in ("AdamW", "Adam"):
+            k = 3 if g.get("amsgrad") else 2
+        elif name == "Muon":
+            k = 1
+        elif name == "SGD":
+            k = 1 if g.get("momentum") else 0
+        else:
+            k, known = 2, False
+        for p in g["params"]:
+            counts[id(p)] = k
+        if g["params"] and f"{name}: {k}" not in names:
+            names.append(f"{name}: {k}")
+    what = ", ".join(n + (" moment" if n.endswith(" 1") else " moments") for n in names)
+    return counts, what + ("" if known else f" (assumed for {type(optimizer).__name__})"), known
+
+
+@dataclass
+class Memory:
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    transient: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.transient
+
+
+@dataclass
+class Plan:
+    recipes: str
+    devices: int
+    devices_note: str
+    shards: int
+    fsdp: bool
+    act_bytes: int
+    master_bytes: int
+    checkpointing: bool
+    compile: bool
+    config: Any
+    vocab_note: str
+    count: Any
+    flops_per_token: float
+    micro_tokens: int
+    batch: Any  # GlobalBatch or None
+    max_steps: Optional[int]
+    optimizer: str
+    memory: Memory
+    memory_budget: int
+    memory_label: str
+    notes: list[str] = field(default_factory=list)
+
+
+def memory_of(model: torch.nn.Module, moments: dict[int, int], shards: int, master_bytes: int, act_bytes: int,
+              micro_tokens: int, checkpointing: bool, fsdp: bool, strategy: Any) -> Memory:
+    """Per-device bytes of ``model`` (built on the meta device) under the settings."""
+    config = model.config
+    params = list(dict.fromkeys(model.parameters()))
+    weights = sum(shard_numel(p.shape, shards) for p in params) * master_bytes
+    optimizer = sum(moments.get(id(p), 0) * shard_numel(p.shape, shards) for p in params) * master_bytes
+    blocks, head = saved_per_token(config, strategy, act_bytes, checkpointing)
+    constant = sum(block_saved_constant(config, strategy, i, act_bytes) for i in range(config.n_layer))
+    activations = micro_tokens * (blocks + head) + (max(block_saved_constant(config, strategy, i, act_bytes)
+                                                        for i in range(config.n_layer)) if checkpointing else constant)
+    transient = micro_tokens * loss_transient_per_token(config, act_bytes)
+    if fsdp:  # gathered copies in the compute dtype: the root (embedding, head) and two blocks; one block's grads
+        block_numel = max(sum(p.numel() for p in b.parameters()) for b in model.blocks)
+        root_numel = sum(p.numel() for p in params) - sum(p.numel() for b in model.blocks for p in b.parameters())
+        transient += (root_numel + 3 * block_numel) * act_bytes
+    return Memory(weights, weights, optimizer, activations, transient)
+
+
+def _get(ns: Any, dotted: str, default: Any = None) -> Any:
+    for part in dotted.split("."):
+        if ns is None:
+            return default
+        ns = ns.get(part) if hasattr(ns, "get") else getattr(ns, part, None)
+    return default if ns is None else ns
+
+
+def _recipe_devices(cfg: Any) -> Optional[int]:
+    devices = _get(cfg, "trainer.devices")
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    try:
+        n = int(devices)
+    except (TypeError, ValueError):
+        return None
+    return n if n > 0 else None
+
+
+def _vocab(cfg: Any) -> tuple[Optional[int], str]:
+    """The data's vocabulary (``meta.json`` of ``data.data_dir``), or ``None`` and why it is assumed."""
+    data_dir = _get(cfg, "data.data_dir")
+    first = data_dir[0] if isinstance(data_dir, (list, tuple)) and data_dir else data_dir
+    meta = Path(str(first)) / "meta.json" if first and "://" not in str(first) else None
+    if meta is not None and meta.is_file():
+        return int(json.loads(meta.read_text())["vocab_size"]), f"from {meta}"
+    return None, (f"assumed: no prepared data at data.data_dir ({first}); set --model.config.vocab_size "
+                  "to plan another")
+
+
+def build_module(cfg: Any, vocab: int):
+    """The recipe's ``CausalLM`` (its model not built): the parsed ``model`` section, instantiated."""
+    from jsonargparse import ArgumentParser
+
+    from .module import CausalLM
+
+    section = cfg["model"].clone() if hasattr(cfg["model"], "clone") else cfg["model"]
+    section["vocab_size"] = vocab
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(CausalLM, "model")
+    return parser.instantiate_classes(parser.parse_object({"model": section.as_dict()})).model
+
+
+def make_plan(cfg: Any, devices: Optional[int] = None, memory: Optional[str] = None) -> Plan:
+    """The plan of the parsed subcommand config ``cfg`` (a jsonargparse Namespace) on ``devices`` devices."""
+    from ..model.config import TransformerConfig
+    from ..model.transformer import count_parameters
+    from .batch import SEQUENCES_KEY, TOKENS_KEY, data_parallel_size, resolve_global_batch
+    from .optim import build_param_groups, instantiate_optimizer
+
+    notes: list[str] = []
+    nodes = int(_get(cfg, "trainer.num_nodes", 1) or 1)
+    if devices is not None:
+        if devices < 1:
+            raise UserError("plan_devices", devices, "must be at least 1", "give the number of devices, e.g. "
+                            "--plan_devices=8")
+        world, devices_note = devices, "--plan_devices"
+    elif _recipe_devices(cfg) is not None:
+        world, devices_note = _recipe_devices(cfg) * nodes, "the recipe's trainer.devices × trainer.num_nodes"
+    else:
+        world = ASSUMED_DEVICES * nodes
+        devices_note = (f"assumed: trainer.devices is {_get(cfg, 'trainer.devices')}; set --plan_devices=N "
+                        "for another count")
+    per_node, nodes = (world // nodes, nodes) if world % nodes == 0 else (world, 1)
+    strategy_path = str(_get(cfg, "trainer.strategy.class_path", _get(cfg, "trainer.strategy", "")))
+    fsdp = "ModelParallelStrategy" in strategy_path
+    dp = world
+    if fsdp:
+        dp, _ = data_parallel_size(world, _get(cfg, "trainer.strategy.init_args.data_parallel_size", "auto"),
+                                   _get(cfg, "trainer.strategy.init_args.tensor_parallel_size", 1), per_node)
+        if dp != world:
+            notes.append(f"tensor_parallel_size {world // dp}: the model is not split by tensor parallelism; "
+                         f"FSDP2 shards over the {dp} data-parallel ranks")
+    data_vocab, vocab_note = _vocab(cfg)
+    recipe_vocab = _get(cfg, "model.config.vocab_size")
+    if data_vocab is None and recipe_vocab not in (None, TransformerConfig.vocab_size):
+        vocab, vocab_note = None, "model.config.vocab_size"
+    else:
+        vocab = data_vocab or ASSUMED_VOCAB
+    module = build_module(cfg, vocab)
+    parallel = module.parallel
+    precision = str(_get(cfg, "trainer.precision", "32-true"))
+    if fsdp:
+        act_bytes = 2 if parallel.mixed_precision == "bf16" else 4
+        master_bytes = 4
+    else:
+        act_bytes = 2 if precision.startswith(("bf16", "16")) else 4
+        master_bytes = 2 if precision in ("bf16-true", "16-true") else 4
+    with torch.device("meta"):
+        model = module.build_model()
+    count = count_parameters(model)
+    opt = instantiate_optimizer(module.optimizer_factory, build_param_groups(model, module.param_groups))
+    moments, opt_text, _ = optimizer_moments(opt)
+    seq_len = module.config.seq_len
+    micro = int(_get(cfg, "data.batch_size", 1))
+    batch = resolve_global_batch(tokens=_get(cfg, TOKENS_KEY), sequences=_get(cfg, SEQUENCES_KEY), seq_len=seq_len,
+                                 micro_batch=micro, data_parallel=dp, devices=per_node, num_nodes=nodes,
+                                 accumulate_set=int(_get(cfg, "trainer.accumulate_grad_batches", 1) or 1))
+    mem = memory_of(model, moments, dp if fsdp else 1, master_bytes, act_bytes, micro * seq_len,
+                    parallel.activation_checkpointing, fsdp, module.strategy)
+    budget, label = device_memory(memory)
+    steps = _get(cfg, "trainer.max_steps")
+    return Plan(
+        recipes=", ".join(str(getattr(c, "relative", c)) for c in (_get(cfg, "config") or []) if c is not None),
+        devices=world, devices_note=devices_note, shards=dp if fsdp else 1, fsdp=fsdp, act_bytes=act_bytes,
+        master_bytes=master_bytes, checkpointing=parallel.activation_checkpointing, compile=module.compile,
+        config=module.config, vocab_note=vocab_note, count=count,
+        flops_per_token=module.config.flops_per_token(seq_len, count.active_non_embedding), micro_tokens=micro * seq_len,
+        batch=batch, max_steps=steps if isinstance(steps, int) and steps > 0 else None, optimizer=opt_text,
+        memory=mem, memory_budget=budget, memory_label=label, notes=notes)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:8.2f} GiB"
+
+
+def _dtype(nbytes: int) -> str:
+    return {2: "bf16", 4: "fp32"}[nbytes]
+
+
+def format_plan(p: Plan) -> str:
+    c, n = p.config, p.count
+    moe = c.moe
+    shape = (f"{c.n_layer} layers, d {c.n_embd}, {c.n_head}/{c.n_kv_head} heads of {c.head_dim}, MLP "
+             f"{c.intermediate_size}, seq_len {c.seq_len}, vocab {c.vocab_size:,} ({p.vocab_note})")
+    if moe is not None:
+        shape += (f"; MoE: {moe.num_experts} experts of {moe.expert_intermediate_size}, top-{moe.top_k}, "
+                  f"{moe.num_shared_experts} shared, first {moe.first_dense_layers} dense")
+    params = f"{n.total:,} total, {n.active:,} active per token, {n.scale:,} in scale vectors ({100 * n.scale_share:.4f}%)"
+    lines = [f"plan: {p.recipes or '(no recipe)'} on {p.devices} devices ({p.devices_note})",
+             f"  model        {shape}", f"  parameters   {params}",
+             f"  FLOPs        {p.flops_per_token / 1e9:.3f} GFLOP per token (6 N_active + 12 L H d_head T, forward + "
+             "backward)"]
+    if p.batch is not None:
+        lines.append(f"  batch        {p.batch.tokens:,} tokens per step = data.batch_size {p.batch.micro_batch} × "
+                     f"{p.batch.accumulate} accumulation steps × {p.batch.data_parallel} data-parallel ranks × "
+                     f"{p.batch.seq_len} tokens; {p.batch.tokens * p.flops_per_token / 1e15:.3f} PFLOP per step")
+        if p.max_steps:
+            total = p.max_steps * p.batch.tokens
+            lines.append(f"  run          {p.max_steps:,} steps = {total:,} tokens ({total / 1e9:.2f}B; "
+                         f"{total / n.total:.1f} per parameter, {total / n.active:.1f} per active parameter); "
+                         f"{total * p.flops_per_token:.3e} FLOP")
+    else:
+        lines.append(f"  batch        no global batch in the recipe: data.batch_size × seq_len = {p.micro_tokens:,} "
+                     "tokens per device and micro-batch")
+    how = (f"FSDP2 over {p.shards} data-parallel ranks, {_dtype(p.act_bytes)} compute with fp32 master weights"
+           + (" and fp32 gradient reductions" if p.act_bytes == 2 else "") if p.fsdp else
+           f"one full replica per device, {_dtype(p.act_bytes)} activations, {_dtype(p.master_bytes)} weights")
+    lines.append(f"  parallel     {how}; activation checkpointing {'on' if p.checkpointing else 'off'}; "
+                 f"torch.compile per block {'on' if p.compile else 'off'}")
+    m, share = p.memory, f"1/{p.shards} each" if p.shards > 1 else "whole"
+    rows = [(f"weights ({_dtype(p.master_bytes)}, {share})", m.weights),
+            (f"gradients ({_dtype(p.master_bytes)}, {share})", m.gradients),
+            (f"optimizer ({p.optimizer}; {_dtype(p.master_bytes)}, {share})", m.optimizer),
+            (f"activations ({p.micro_tokens:,} tokens per micro-batch, saved for the backward"
+             + (", blocks checkpointed" if p.checkpointing else "") + ")", m.activations),
+            ("transient (loss peak" + (", gathered bf16 root + 2 blocks, 1 block's gradients" if p.fsdp else "") + ")",
+             m.transient)]
+    width = max(len(r[0]) for r in rows)
+    lines.append("  memory per device:")
+    lines += [f"    {name.ljust(width)} {_gib(v)}" for name, v in rows]
+    budget = f"{p.memory_budget / GIB:.1f} GiB ({p.memory_label})"
+    verdict = ("fits" if m.total <= TIGHT * p.memory_budget else "tight (above 90%)" if m.total <= p.memory_budget
+               else "DOES NOT FIT")
+    lines.append(f"    {'total'.ljust(width)} {_gib(m.total)} of {budget}: {verdict} ({100 * m.total / p.memory_budget:.0f}%)")
+    lines.append("  not counted: CUDA context and communication buffers (1–3 GiB), allocator fragmentation"
+                 + ("; torch.compile may save less than the eager count" if p.compile else ""))
+    lines += [f"  note: {note}" for note in p.notes]
+    return "\n".join(lines)
+
+
+def print_plan(cfg: Any, devices: Optional[int] = None, memory: Optional[str] = None) -> Plan:
+    """Print the plan on stdout; a one-line warning on stderr when it does not fit."""
+    plan = make_plan(cfg, devices, memory)
+    print(format_plan(plan), flush=True)
+    if plan.memory.total > plan.memory_budget:
+        notice(f"plan: {plan.memory.total / GIB:.1f} GiB per device exceeds the {plan.memory_budget / GIB:.1f} GiB of "
+               f"{plan.devices} devices; set --model.parallel.activation_checkpointing=true, lower data.batch_size "
+               "or use more devices (--plan_devices=N to plan them)", kind="warning")
+    return plan
