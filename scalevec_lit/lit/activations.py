@@ -16,9 +16,9 @@ fp32 copy), d the width, H / H_kv the query / key-value heads of ``hd`` channels
   ``+ 4·(E·r + k + 5) + 24k`` (fp32 router scores, r = 2 when they are a cast of bf16 logits; fp32 top-k
   weights and per-token sums; int64 top-k and sort indices);
 - per normalized output branch (``dual_norm``): ``4 × groups`` (its fp32 reciprocal RMS per head / row);
-- ``sublayer_output_norm``: ``n·d + s·d + 4`` per output norm (two per block);
+- ``sublayer_output_norm``: ``2n·d + 4`` per output norm (two per block);
 - MoE with branch-specific scales: ``s·k·d`` more (the experts' input is scaled apart from the router's);
-  a normalized (``dual_norm``) expert gate or up: ``2·s·k·fe + 4k`` (+4 with shared experts) more each;
+  a normalized (``dual_norm``) expert gate or up: ``2·n·k·fe + 4k`` (+4 with shared experts) more each;
   an ``output``/``dual`` scale on the experts' gate or up: ``s·E·d·fe`` per block and branch, whatever the
   tokens (the experts' weights times u are saved: ``block_saved_constant``).
 - head: ``8`` (int64 token ids of the embedding) ``+ n·d + 4 + s·d`` (final norm) ``+ 4·V`` (fp32
@@ -68,7 +68,7 @@ def mlp_saved_per_token(config: TransformerConfig, strategy: ScaleStrategy, laye
         out += s * k * d
     for b in ("gate", "up"):  # a normalized expert output keeps its k rows and their fp32 reciprocal RMS
         if normalizes(strategy.placement.of(b)):
-            out += 2 * s * k * fe + FP32 * k + (FP32 if fs else 0)
+            out += 2 * n * k * fe + FP32 * k + (FP32 if fs else 0)
     return out
 
 
@@ -89,7 +89,7 @@ def block_saved_per_token(config: TransformerConfig, strategy: ScaleStrategy, la
     n = s if n is None else n
     out = attention_saved_per_token(config, strategy, s, n) + mlp_saved_per_token(config, strategy, layer, s, n)
     if strategy.sublayer_output_norm:
-        out += 2 * (n * config.n_embd + s * config.n_embd + FP32)
+        out += 2 * (2 * n * config.n_embd + FP32)
     return out
 
 

@@ -1,0 +1,253 @@
+"""``fit --print_plan``: the plan before a launch (``scalevec_lit/lit/plan.py``, ``lit/activations.py``).
+
+- parameter counts: exact against a model built from the recipe (tiny) and against ``count_parameters`` of
+  the recipe's shape (the GPU recipes, on the meta device);
+- activations: the per-token count of saved tensors against the bytes autograd saves in a measured CPU step
+  (``saved_tensors_hooks``, distinct storages, parameters and buffers excluded) within 1%, fp32 and bf16,
+  dense and MoE, for the presets whose saved tensors differ;
+- weights, gradients and optimizer state: exact against a real model after one step (AdamW, MuonAdamW);
+- every GPU recipe: exit 0 and the table on this CPU machine, nothing materialized; a plan that does not fit
+  warns; a global batch the devices cannot make, and a bad device memory, are refused (exit 2).
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from helpers import ROOT, SMOKE, main_in_process, recipe, tiny_config
+
+import scalevec_lit.cli  # noqa: F401  (Lightning's log handlers bind to the session's stderr, not to one test's capture)
+
+GPU_RECIPES = ["dense_0.12b", "dense_0.5b", "dense_1b", "dense_2b", "moe_0.5b", "moe_2b"]
+TOLERANCE = 0.01  # the count leaves out a few O(d) tensors per block (scale-vector temporaries)
+
+
+@pytest.fixture
+def plans(monkeypatch):
+    """Runs ``fit ... --print_plan`` in-process; returns ``run(args) -> (exit code, output, the Plan)``."""
+    import scalevec_lit.lit.plan as plan_module
+    from scalevec_lit.model.transformer import Transformer
+
+    made = []
+    original = plan_module.print_plan
+
+    def recording(*args, **kwargs):
+        made.append(original(*args, **kwargs))
+        return made[-1]
+
+    def refuse(self):  # materializing a model calls it: the plan never does
+        raise AssertionError("the plan initialized a model")
+
+    monkeypatch.setattr(plan_module, "print_plan", recording)
+    monkeypatch.setattr(Transformer, "reset_parameters", refuse)
+
+    def run(capfd, args):
+        made.clear()
+        code, text = main_in_process(capfd, ["fit", *args, "--print_plan"])
+        return code, text, (made[0] if made else None)
+
+    return run
+
+
+def _strategy(name: str):
+    import yaml
+    from jsonargparse import ArgumentParser
+
+    from scalevec_lit.scale.strategy import ScaleStrategy
+
+    section = yaml.safe_load((ROOT / "recipes" / "strategy" / f"{name}.yaml").read_text())["model"]["strategy"]
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--strategy", type=ScaleStrategy)
+    return parser.instantiate_classes(parser.parse_object({"strategy": section})).strategy
+
+
+# -- parameters ------------------------------------------------------------------------------------------------
+def test_parameter_counts_exact_against_a_built_model(capfd, plans):
+    from scalevec_lit.lit.module import CausalLM  # noqa: F401  (the import the CLI makes anyway)
+
+    code, text, plan = plans(capfd, ["--config", SMOKE, "--config", recipe("strategy", "unified.yaml"),
+                                     "--model.config.vocab_size=512"])
+    assert code == 0, text
+    from scalevec_lit.model.transformer import Transformer
+    from scalevec_lit.scale.registry import scale_parameters
+
+    torch.manual_seed(0)
+    with torch.device("meta"):  # the same shape, every parameter counted one by one
+        model = Transformer(plan.config, _strategy("unified"))
+    total = sum(p.numel() for p in dict.fromkeys(model.parameters()))
+    scale = sum(sp.param.numel() for sp in scale_parameters(model))
+    assert (plan.count.total, plan.count.active, plan.count.scale) == (total, total, scale)
+    assert f"{total:,} total, {total:,} active per token, {scale:,} in scale vectors" in text
+
+
+@pytest.mark.parametrize("name", ["dense_2b", "moe_2b"])
+def test_parameter_counts_exact_for_the_gpu_recipes(capfd, plans, name):
+    import yaml
+
+    from scalevec_lit.model.config import TransformerConfig
+    from scalevec_lit.model.transformer import count_parameters
+
+    code, text, plan = plans(capfd, ["--config", recipe(f"{name}.yaml")])
+    assert code == 0, text
+    shape = yaml.safe_load((ROOT / "recipes" / f"{name}.yaml").read_text())["model"]["config"]
+    count = count_parameters(TransformerConfig(vocab_size=32000, **shape))
+    assert plan.count == count
+    assert "vocab 32,000 (assumed: no prepared data" in text
+    if name == "moe_2b":  # the recipe's own statement: 1.845B total / 0.370B active per token
+        assert (round(count.total / 1e6), round(count.active / 1e6)) == (1845, 370)
+        assert count.active < count.total
+    else:
+        assert count.active == count.total
+
+
+# -- activations -----------------------------------------------------------------------------------------------
+def _measured_saved(model, idx):
+    """Bytes autograd saves while each block runs (key: block index) and outside the blocks (key: None)."""
+    fixed = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    where, saved = {"block": None}, {}
+    for i, block in enumerate(model.blocks):
+        block.register_forward_pre_hook(lambda m, a, i=i: where.__setitem__("block", i))
+        block.register_forward_hook(lambda m, a, o: where.__setitem__("block", None))
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in fixed:
+            saved.setdefault(where["block"], {})[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = model(idx)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), idx.flatten())
+    loss.backward()
+    return {k: sum(v.values()) for k, v in saved.items()}
+
+
+MOE = dict(num_experts=4, top_k=2, expert_intermediate_size=32, num_shared_experts=1, router="sigmoid",
+           bias_balancing=True, first_dense_layers=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("moe", [None, MOE, dict(MOE, num_experts=8, top_k=3, num_shared_experts=0, router="softmax",
+                                                  bias_balancing=False, first_dense_layers=0)],
+                         ids=["dense", "moe_sigmoid_shared", "moe_softmax"])
+@pytest.mark.parametrize("preset", ["baseline", "hg", "dp", "unified", "unified_dnp_vup", "sandwich"])
+def test_activation_count_matches_a_measured_cpu_step(preset, moe, dtype):
+    from scalevec_lit.lit.activations import block_saved_constant, block_saved_per_token, head_saved_per_token
+    from scalevec_lit.model.config import MoEConfig
+    from scalevec_lit.model.transformer import Transformer
+
+    config = tiny_config(seq_len=64, vocab_size=256, n_embd=64, n_head=4, n_kv_head=2, intermediate_size=192,
+                         moe=MoEConfig(**moe) if moe else None)
+    strategy = _strategy(preset)
+    torch.manual_seed(0)
+    model = Transformer(config, strategy).to(dtype)
+    batch, s = 4, dtype.itemsize
+    measured = _measured_saved(model, torch.randint(0, config.vocab_size, (batch, config.seq_len)))
+    tokens = batch * config.seq_len
+    for layer in range(config.n_layer):  # on CPU RMSNorm keeps an fp32 copy of its input: n = 4
+        estimate = tokens * block_saved_per_token(config, strategy, layer, s, n=4) + \
+            block_saved_constant(config, strategy, layer, s)
+        assert abs(estimate - measured[layer]) <= TOLERANCE * measured[layer], (layer, estimate, measured[layer])
+    head = tokens * head_saved_per_token(config, s, n=4)
+    assert abs(head - measured[None]) <= TOLERANCE * measured[None], (head, measured[None])
+
+
+def test_activation_checkpointing_keeps_the_block_inputs_and_one_block():
+    from scalevec_lit.lit.activations import block_saved_per_token, saved_per_token
+
+    config, strategy = tiny_config(), _strategy("baseline")
+    plain, head = saved_per_token(config, strategy, 2, checkpointing=False)
+    kept, head_ac = saved_per_token(config, strategy, 2, checkpointing=True)
+    one = block_saved_per_token(config, strategy, 0, 2)
+    assert plain == config.n_layer * one and head == head_ac
+    assert kept == config.n_layer * 2 * config.n_embd + one
+
+
+# -- weights, gradients, optimizer state -----------------------------------------------------------------------
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.parametrize("moe", [None, MOE], ids=["dense", "moe"])
+def test_weights_gradients_and_optimizer_state_exact_after_one_step(optimizer, moe):
+    from scalevec_lit.lit.optim import MuonAdamW, build_param_groups, instantiate_optimizer
+    from scalevec_lit.lit.plan import memory_of, optimizer_moments
+    from scalevec_lit.model.config import MoEConfig
+    from scalevec_lit.model.transformer import Transformer
+
+    config = tiny_config(moe=MoEConfig(**moe) if moe else None)
+    strategy = _strategy("unified")
+
+    def factory(groups):
+        if optimizer == "adamw":
+            return torch.optim.AdamW(groups, lr=1e-3)
+        return MuonAdamW(groups, lr=1e-3)
+
+    with torch.device("meta"):
+        meta = Transformer(config, strategy)
+    moments, _, known = optimizer_moments(instantiate_optimizer(factory, build_param_groups(meta)))
+    planned = memory_of(meta, moments, 1, 4, 4, 1, False, False, strategy)
+    torch.manual_seed(0)
+    model = Transformer(config, strategy)
+    opt = instantiate_optimizer(factory, build_param_groups(model))
+    idx = torch.randint(0, config.vocab_size, (2, config.seq_len))
+    torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), idx.flatten()).backward()
+    opt.step()
+    params = list(dict.fromkeys(model.parameters()))
+    weights = sum(p.numel() * p.element_size() for p in params)
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+    state = sum(v.numel() * v.element_size() for st in opt.state.values() for k, v in st.items()
+                if torch.is_tensor(v) and k != "step")
+    assert known and (planned.weights, planned.gradients, planned.optimizer) == (weights, grads, state)
+
+
+def test_shards_are_whole_rows_padded_to_equal_parts():
+    from scalevec_lit.lit.plan import shard_numel
+
+    assert [shard_numel(torch.Size(s), n) for s, n in [((5, 3), 2), ((8, 3), 8), ((3,), 4), ((), 8)]] == [9, 3, 1, 1]
+
+
+# -- the command -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", GPU_RECIPES)
+def test_every_gpu_recipe_prints_its_plan_on_a_cpu_machine(capfd, plans, name):
+    code, text, plan = plans(capfd, ["--config", recipe(f"{name}.yaml")])
+    assert code == 0 and "Traceback" not in text, text
+    for part in ("on 8 devices (assumed: trainer.devices is auto", "memory per device:", "weights (fp32, 1/8 each)",
+                 "optimizer (AdamW: 2 moments", "activations (", "GFLOP per token", "tokens per step",
+                 "steps = ", "H100, assumed"):
+        assert part in text, (part, text)
+    n = plan.count
+    assert plan.flops_per_token == 6 * n.active_non_embedding + 12 * plan.config.n_layer * plan.config.n_head * \
+        plan.config.head_dim * plan.config.seq_len
+    assert plan.batch.tokens == 524288 and plan.memory.total <= plan.memory_budget
+    assert "warning:" not in text
+
+
+def test_plan_for_a_device_count_and_memory_with_muon_and_checkpointing(capfd, plans):
+    code, text, plan = plans(capfd, ["--config", recipe("dense_2b.yaml"), "--config", recipe("optim", "muon_wsd.yaml"),
+                                     "--model.parallel.activation_checkpointing=true", "--plan_devices=16",
+                                     "--plan_device_memory=H200"])
+    assert code == 0, text
+    assert "on 16 devices (--plan_devices)" in text and "140.4 GiB (H200)" in text
+    assert "Muon: 1 moment, AdamW: 2 moments" in text and "blocks checkpointed" in text
+    assert plan.shards == 16 and plan.batch.accumulate == 4
+
+
+def test_a_plan_that_does_not_fit_warns(capfd, plans):
+    code, text, plan = plans(capfd, ["--config", recipe("dense_2b.yaml"), "--plan_devices=1",
+                                     "--plan_device_memory=40"])
+    assert code == 0, text
+    assert plan.memory.total > 40 * 2 ** 30 and "DOES NOT FIT" in text
+    warnings = [line for line in text.splitlines() if line.startswith("warning: plan:")]
+    assert len(warnings) == 1 and "activation_checkpointing=true" in warnings[0]
+
+
+@pytest.mark.parametrize("args, parts", [
+    (["--plan_device_memory=lots"], ["error: plan_device_memory: lots: is neither", "H100, H200, A100"]),
+    (["--plan_devices=3"], ["error: global_batch_tokens: 524,288: is not a multiple", "data-parallel size 3"]),
+])
+def test_a_plan_that_cannot_be_made_is_refused(capfd, plans, args, parts):
+    code, text, _ = plans(capfd, ["--config", recipe("dense_2b.yaml"), *args])
+    errors = [line for line in text.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in text, text
+    for part in parts:
+        assert part in errors[0], (part, errors[0])
