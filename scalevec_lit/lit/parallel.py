@@ -42,9 +42,14 @@ class ParallelOptions:
 
 def parallelize(
     model: nn.Module, mesh: Optional["torch.distributed.device_mesh.DeviceMesh"], options: ParallelOptions,
-    compile: bool = False,
+    compile: bool = False, compile_options: Optional[dict] = None,
 ) -> nn.Module:
-    """Wrap ``model.blocks`` in place; shard with FSDP2 when ``mesh`` is given."""
+    """Wrap ``model.blocks`` in place; shard with FSDP2 when ``mesh`` is given.
+
+    ``compile_options``: keyword arguments of ``nn.Module.compile`` for each block (default: none, i.e.
+    inductor, graph breaks allowed); ``tests/test_compile.py`` passes ``backend="aot_eager", fullgraph=True``
+    to check that every preset's block compiles whole on this very path.
+    """
     blocks = model.blocks
     for i, block in enumerate(blocks):
         if options.activation_checkpointing:
@@ -52,7 +57,7 @@ def parallelize(
 
             block = checkpoint_wrapper(block, preserve_rng_state=False)
         if compile:
-            block.compile()
+            block.compile(**(compile_options or {}))
         blocks[i] = block
     if mesh is None:
         return model
