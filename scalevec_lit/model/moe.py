@@ -9,13 +9,16 @@ the load. Expert compute sorts the (token, expert) pairs by expert and runs one 
 (``torch._grouped_mm`` on stacked ``[E, out, in]`` weights, or a loop over the E experts), never a loop
 over tokens.
 
+No host read in a training step: the counts and the grouped matmul's offsets stay on the device
+(``routing.group_by_expert``), the losses, statistics and the balancing bias update are device ops, and
+the forward compiles whole (``torch.compile(fullgraph=True)``, with or without activation checkpointing;
+``tests/test_moe_compile.py``). ``MoELoadMonitor`` reads the statistics on logging steps only.
+
 Plain torch only: must not import Lightning.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
-
 import torch
 from torch import nn
 
@@ -24,9 +27,24 @@ from ..scale.strategy import ScaleStrategy
 from .config import TransformerConfig
 from .experts import _in_backward, expert_matmul
 from .mlp import swiglu
-from .routing import Routing, load_balancing_loss, route, router_z_loss
+from .routing import Grouping, Routing, group_by_expert, load_balancing_loss, route, router_z_loss
 
-__all__ = ["MoE", "Routing", "expert_matmul", "load_balancing_loss", "route", "router_z_loss"]
+__all__ = ["Grouping", "MoE", "Routing", "expert_matmul", "group_by_expert", "load_balancing_loss", "route",
+           "router_z_loss"]
+
+
+def _forward_only_side_effects_in_compiled_checkpoints() -> None:
+    """Let a compiled activation checkpoint keep this layer's recording forward-only.
+
+    The layer records its losses and statistics (Python attributes) and queues its load in the forward;
+    an eager recompute skips that (``_in_backward``). Dynamo refuses any Python side effect inside a
+    checkpoint that it compiles (it could not replay it in the backward) unless this flag says that it
+    need not: exactly the eager semantics here. Set once, when an MoE layer is built (a global setting
+    of ``torch._dynamo``, as torchtitan sets its own for compiled MoE).
+    """
+    import torch._dynamo
+
+    torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
 
 
 # -- the MoE sublayer ------------------------------------------------------------------------------------
@@ -85,11 +103,14 @@ class MoE(nn.Module):
         self.out_norm = OutputNorm(d, strategy, layer=layer, site="mlp_output") if strategy.sublayer_output_norm else None
         if self.bias_balancing:
             self.register_buffer("expert_bias", torch.zeros(E))
-        self.pending_load: Optional[torch.Tensor] = None  # not a buffer: DDP must not broadcast it
+            # tokens per expert since the last update, summed over ranks (the same on every rank, so DDP's
+            # broadcast of buffers changes nothing); not saved
+            self.register_buffer("pending_load", torch.zeros(E), persistent=False)
         self.last_aux_losses: dict[str, torch.Tensor] = {}
         self.last_load_stats: dict[str, torch.Tensor] = {}
         if self.expert_down.device.type != "meta":
             self.init_weights()
+        _forward_only_side_effects_in_compiled_checkpoints()
 
     def __getstate__(self) -> dict:
         """Copies and pickles leave out the last forward's outputs (its losses hold autograd graphs,
@@ -107,38 +128,36 @@ class MoE(nn.Module):
             nn.init.normal_(self.shared_down.weight, 0.0, self.depth_std)
         if self.bias_balancing:
             self.expert_bias.zero_()
-        self.pending_load = None
+            self.pending_load.zero_()
 
     # -- forward -------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         outs = dict(zip((b.name for b in self.input.branches), self.input(x.reshape(-1, shape[-1]))))
-        if self.training and self.bias_balancing and not _in_backward():
+        recording = not _in_backward()  # an eager activation-checkpoint recompute records nothing
+        if self.training and self.bias_balancing and recording:
             self._update_bias_()
         r = route(outs["router"], self.top_k, self.score,
                   self.expert_bias if self.bias_balancing else None, self.route_norm)
         n, k = r.experts.shape
-        flat = r.experts.flatten()
-        _, order = flat.sort(stable=True)
-        counts = torch.bincount(flat, minlength=self.num_experts)
-        y_sorted = self._experts(outs["gate"], outs["up"], order // k, counts)
-        inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
-        y_pairs = y_sorted[inverse].view(n, k, -1)  # back to (token, slot) order: a gather, no atomics
+        g = group_by_expert(r.experts, self.num_experts)
+        y_sorted = self._experts(outs["gate"], outs["up"], g.token, g.offsets)
+        y_pairs = y_sorted[g.inverse].view(n, k, -1)  # back to (token, slot) order: a gather, no atomics
         y = torch.einsum("nkd,nk->nd", y_pairs, r.weights.to(y_pairs.dtype))
         if self.shared_down is not None:
             y = y + swiglu(outs["shared_gate"], outs["shared_up"], self.shared_down).to(y.dtype)
         if self.out_norm is not None:
             y = self.out_norm(y)
-        self._record(r, counts)
+        self._record(r, g, recording)
         return y.view(*shape[:-1], y.shape[-1])
 
-    def _experts(self, xg: torch.Tensor, xu: torch.Tensor, token: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def _experts(self, xg: torch.Tensor, xu: torch.Tensor, token: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         wg, wu, wd = self.input.expert_weight("gate"), self.input.expert_weight("up"), self.expert_down
         dtype = torch.get_autocast_dtype(xg.device.type) if torch.is_autocast_enabled(xg.device.type) else wg.dtype
         wg, wu, wd = wg.to(dtype), wu.to(dtype), wd.to(dtype)
         xs_g = xg[token].to(dtype)
         xs_u = xs_g if xu is xg else xu[token].to(dtype)
-        mm = lambda a, w: expert_matmul(a, w, counts, self.matmul_mode)  # noqa: E731
+        mm = lambda a, w: expert_matmul(a, w, offsets, self.matmul_mode)  # noqa: E731
         hg = self.input.expert_output("gate", mm(xs_g, wg))
         hu = self.input.expert_output("up", mm(xs_u, wu))
         return swiglu(hg, hu, lambda h: mm(h, wd))
@@ -146,22 +165,24 @@ class MoE(nn.Module):
     # -- balancing and statistics -----------------------------------------------------------------------
     @torch.no_grad()
     def _update_bias_(self) -> None:
-        """Aux-loss-free balancing: ``b_i += rate · sign(mean load − load_i)``, then centred.
+        """Aux-loss-free balancing: ``b_i += rate · sign(mean load − load_i)``, the step centred (Σ b = 0).
 
         Applied at the start of the next training forward from the load the previous ones saw (so an
-        activation-checkpoint recompute selects exactly as its forward did); the load is summed over
-        ranks first so that every rank keeps the same bias.
+        activation-checkpoint recompute selects exactly as its forward did); the load was summed over
+        ranks when it was queued, so every rank keeps the same bias. Nothing queued: a zero step. Device
+        ops only (no test of the queue on the host).
+
+        Both buffers are rebound to new tensors, never changed in place: a compiled activation checkpoint
+        recomputes the routing in the backward from the tensors the forward read, which must still hold
+        the values it read (an in-place update would change the recomputed selection).
         """
         load = self.pending_load
-        if load is None:
-            return
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(load)
-        self.expert_bias.add_(self.bias_update_rate * torch.sign(load.mean() - load))
-        self.expert_bias.sub_(self.expert_bias.mean())
-        self.pending_load = None
+        step = self.bias_update_rate * torch.sign(load.mean() - load)
+        self.expert_bias = self.expert_bias + (step - step.mean())
+        self.pending_load = torch.zeros_like(load)
 
-    def _record(self, r: Routing, counts: torch.Tensor) -> None:
+    def _record(self, r: Routing, g: Grouping, recording: bool) -> None:
+        counts = g.counts
         losses: dict[str, torch.Tensor] = {}
         balance = z = None
         if self.aux_loss_coef > 0:
@@ -170,15 +191,16 @@ class MoE(nn.Module):
         if self.z_loss_coef > 0:
             z = router_z_loss(r.logits)
             losses["moe_z_loss"] = self.z_loss_coef * z
-        if _in_backward():  # activation-checkpoint recompute: same ops as the forward, nothing recorded
+        if not recording:  # activation-checkpoint recompute: same ops as the forward, nothing recorded
             return
         self.last_aux_losses = losses
         with torch.no_grad():
-            frac = counts.float() / counts.sum().clamp_min(1)
+            c = counts.float()
+            frac = c / counts.sum().clamp_min(1)
             p = r.probs.detach()
             entropy = -(p * p.clamp_min(1e-20).log()).sum(-1).mean()
             stats = {
-                "tokens_per_expert": counts.detach().float(),
+                "tokens_per_expert": c,
                 "fraction": frac,  # share of the N·k assignments per expert; uniform = 1/E
                 "load_max_over_mean": frac.max() * self.num_experts,
                 "load_min_over_mean": frac.min() * self.num_experts,
@@ -191,8 +213,10 @@ class MoE(nn.Module):
             if self.bias_balancing:
                 stats["bias_spread"] = self.expert_bias.max() - self.expert_bias.min()
                 if self.training:
-                    c = counts.detach().float()
-                    self.pending_load = c if self.pending_load is None else self.pending_load + c
+                    load = c.clone()
+                    if torch.distributed.is_available() and torch.distributed.is_initialized():
+                        torch.distributed.all_reduce(load)
+                    self.pending_load = self.pending_load + load  # rebound, as in _update_bias_
             self.last_load_stats = stats
 
     # -- counting -------------------------------------------------------------------------------------------

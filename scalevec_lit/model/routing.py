@@ -1,5 +1,6 @@
-"""MoE routing: token-choice top-k (softmax or sigmoid scores, an optional balancing bias on the selection)
-and the balancing losses. Pure functions of the router's logits.
+"""MoE routing: token-choice top-k (softmax or sigmoid scores, an optional balancing bias on the selection),
+the grouping of the (token, expert) pairs by expert, and the balancing losses. Pure functions of the
+router's logits, every shape fixed by N, k and E: no host read, nothing that depends on the data's values.
 
 Plain torch only: must not import Lightning.
 """
@@ -33,6 +34,34 @@ def route(
         weights = weights / weights.sum(-1, keepdim=True).clamp_min(1e-20)
     probs = scores if score == "softmax" else scores / scores.sum(-1, keepdim=True).clamp_min(1e-20)
     return Routing(logits, probs, experts, weights)
+
+
+@dataclass
+class Grouping:
+    """The N·k (token, slot) pairs sorted by expert (stable: token order within an expert)."""
+
+    order: torch.Tensor  # [N k] pair index (token · k + slot) of each sorted row
+    token: torch.Tensor  # [N k] token of each sorted row
+    inverse: torch.Tensor  # [N k] sorted row of each pair: rows[inverse] is back in (token, slot) order
+    offsets: torch.Tensor  # [E] int32, where each expert's rows end (the grouped matmul's offs)
+    counts: torch.Tensor  # [E] int64, rows per expert (its tokens: dropless, every pair is kept)
+
+
+def group_by_expert(experts: torch.Tensor, num_experts: int) -> Grouping:
+    """Group the pairs of ``experts`` [N, k] by expert, on the device.
+
+    The counts come from the sorted expert ids (a binary search for each expert's end), not from
+    ``torch.bincount``, whose output size depends on the values (a host sync on a GPU, a graph break
+    under ``torch.compile``); equal to ``bincount(experts.flatten(), minlength=E)`` for ids in [0, E).
+    """
+    k = experts.shape[-1]
+    flat = experts.flatten()
+    sorted_ids, order = flat.sort(stable=True)
+    ids = torch.arange(num_experts, device=flat.device, dtype=flat.dtype)
+    ends = torch.searchsorted(sorted_ids, ids, right=True)
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+    return Grouping(order, order // k, inverse, ends.to(torch.int32), counts)
 
 
 def load_balancing_loss(probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
