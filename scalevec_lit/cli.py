@@ -75,6 +75,10 @@ class ScaleVecArgumentParser(LightningArgumentParser):
 class ScaleVecCLI(LightningCLI):
     """LightningCLI with the links between data and model, and errors that suggest the fix."""
 
+    def __init__(self, *args, model_class_path: Optional[str] = None, **kwargs) -> None:
+        self.model_class_path = model_class_path  # issue 25 (H1): a CausalLM subclass chosen by model.class_path
+        super().__init__(*args, **kwargs)
+
     def before_instantiate_classes(self) -> None:
         # -- issue 24 (part G): --print_plan prints the plan (lit/plan.py) and exits 0, before any check or build
         if self.subcommand is not None and self.config[self.subcommand].get("print_plan"):
@@ -158,9 +162,7 @@ class ScaleVecCLI(LightningCLI):
         parser.add_argument(f"--{SEQUENCES_KEY}", type=Optional[int], default=None,
                             help="the same in sequences (set one of the two)")
         # -- issue 24 (part G): the plan before a launch (lit/plan.py)
-        from jsonargparse import ActionYesNo
-
-        parser.add_argument("--print_plan", action=ActionYesNo(no_prefix=None), default=False,
+        parser.add_argument("--print_plan", type=bool, nargs="?", const=True, default=False,
                             help="print the parameters, per-device memory, FLOPs, batch and run length, then exit "
                                  "(nothing allocated, no GPU needed)")
         parser.add_argument("--plan_devices", type=Optional[int], default=None,
@@ -168,6 +170,11 @@ class ScaleVecCLI(LightningCLI):
         parser.add_argument("--plan_device_memory", type=Optional[str], default=None,
                             help="memory of one device: H100 (default), H200, A100 or a number of GiB")
         # -- end of part G
+        # -- issue 25 (H1): model.class_path (lit/model_class.py)
+        from .lit.model_class import add_class_path_argument
+
+        add_class_path_argument(parser, self.model_class_path)
+        # -- end of H1
         parser.link_arguments("model.config.seq_len", "data.seq_len")
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
 
@@ -194,9 +201,13 @@ def _dispatch(argv: list[str]):
 
 
 def _run_cli(args: Optional[list[str]]):
+    from .lit.model_class import model_class  # issue 25 (H1): the CausalLM subclass a recipe chooses, or CausalLM
+
+    model_cls, model_class_path = model_class(list(sys.argv[1:] if args is None else args))
     return ScaleVecCLI(
-        CausalLM,
+        model_cls,
         TokenDataModule,
+        model_class_path=model_class_path,
         parser_class=ScaleVecArgumentParser,
         auto_configure_optimizers=False,
         save_config_kwargs={"overwrite": True},
