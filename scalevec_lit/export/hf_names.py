@@ -1,12 +1,13 @@
-"""The one table between our weights and Hugging Face names, read both ways: export (native → HF,
+"""Where a tensor of a Hugging Face checkpoint lives in our model (``Ref``), and that tensor
+(``native_tensor``): the native side of every architecture's name table. The names themselves are each
+adapter's (``HFArchitecture.names`` in ``export/arch/``), read both ways: export (native → HF,
 ``hf.hf_layout``) and import (HF → native, ``scalevec_lit.hub.hf_import``).
 
-``hf_names(model, arch)`` lists, for every tensor of the transformers checkpoint, its name and where it
-lives in our model (``Ref``); ``native_tensor(model, ref)`` returns that tensor (a view into a stacked
-expert weight for one expert), so export reads it and import copies into it. Norm weights are not ours
-to read directly: an HF RMSNorm weight is the site's input-side γ (``norm``) and a QK-norm weight is the
-per-head output scale of q or k (``head_norm``); export writes ones / the per-head u after folding,
-import writes them through the scale layer (``scale/convert.py``).
+``native_tensor(model, ref)`` returns the tensor (a view into a stacked expert weight for one expert), so
+export reads it and import copies into it. Norm weights are not ours to read directly: an HF RMSNorm
+weight is the site's input-side γ (``norm``) and a QK-norm weight is the per-head output scale of q or k
+(``head_norm``); export writes ones / the per-head u after folding, import writes them through the scale
+layer (``scale/convert.py``).
 
 Plain torch: must not import Lightning or transformers, nor the hf / write / cli modules of this package.
 """
@@ -16,15 +17,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-
-#: architecture -> (model_type, MLP prefix of an MoE layer, expert weight names gate/up/down)
-ARCHITECTURES = {
-    "LlamaForCausalLM": ("llama", None, None),
-    "Qwen3ForCausalLM": ("qwen3", None, None),
-    "Qwen3MoeForCausalLM": ("qwen3_moe", "mlp", ("gate_proj", "up_proj", "down_proj")),
-    "MixtralForCausalLM": ("mixtral", "block_sparse_moe", ("w1", "w3", "w2")),
-    "Glm4MoeForCausalLM": ("glm4_moe", "mlp", ("gate_proj", "up_proj", "down_proj")),
-}
 
 
 @dataclass(frozen=True)
@@ -72,41 +64,3 @@ def native_tensor(model, ref: Ref) -> Optional[torch.Tensor]:
 def site_of(model, ref: Ref):
     """The scale site of ``ref``'s sublayer (the final norm's for ``final``)."""
     return model.final if ref.sublayer == "final" else getattr(model.blocks[ref.layer], ref.sublayer).input
-
-
-def hf_names(model, arch: str, qk_norm: bool) -> list[tuple[str, Ref]]:
-    """Every tensor name of ``arch``'s checkpoint for ``model``'s shape, with where it lives in ``model``.
-
-    MoE layers are those whose MLP has experts; ``lm_head.weight`` is listed only for an untied head.
-    """
-    _, moe_prefix, expert_names = ARCHITECTURES[arch]
-    rows: list[tuple[str, Ref]] = [("model.embed_tokens.weight", Ref("embed"))]
-    for i, block in enumerate(model.blocks):
-        p = f"model.layers.{i}."
-        rows.append((p + "input_layernorm.weight", Ref("norm", i, "attn")))
-        for name in ("q", "k", "v"):
-            rows.append((p + f"self_attn.{name}_proj.weight", Ref("weight", i, "attn", name)))
-        rows.append((p + "self_attn.o_proj.weight", Ref("o", i)))
-        if qk_norm:
-            rows += [(p + f"self_attn.{b}_norm.weight", Ref("head_norm", i, "attn", b)) for b in ("q", "k")]
-        rows.append((p + "post_attention_layernorm.weight", Ref("norm", i, "mlp")))
-        experts = getattr(block.mlp, "num_experts", 0)
-        if not experts:
-            rows += [(p + "mlp.gate_proj.weight", Ref("weight", i, "mlp", "gate")),
-                     (p + "mlp.up_proj.weight", Ref("weight", i, "mlp", "up")),
-                     (p + "mlp.down_proj.weight", Ref("down", i))]
-            continue
-        rows.append((p + f"{moe_prefix}.gate.weight", Ref("weight", i, "mlp", "router")))
-        if arch == "Glm4MoeForCausalLM":
-            rows += [(p + "mlp.gate.e_score_correction_bias", Ref("expert_bias", i)),
-                     (p + "mlp.shared_experts.gate_proj.weight", Ref("weight", i, "mlp", "shared_gate")),
-                     (p + "mlp.shared_experts.up_proj.weight", Ref("weight", i, "mlp", "shared_up")),
-                     (p + "mlp.shared_experts.down_proj.weight", Ref("shared_down", i))]
-        for e in range(experts):
-            gate, up, down = (p + f"{moe_prefix}.experts.{e}.{n}.weight" for n in expert_names)
-            rows += [(gate, Ref("weight", i, "mlp", "gate", e)), (up, Ref("weight", i, "mlp", "up", e)),
-                     (down, Ref("expert_down", i, expert=e))]
-    rows.append(("model.norm.weight", Ref("norm", sublayer="final")))
-    if not model.tied:
-        rows.append(("lm_head.weight", Ref("weight", sublayer="final", branch="head")))
-    return rows

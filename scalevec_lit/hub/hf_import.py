@@ -1,13 +1,14 @@
 """``python -m scalevec_lit import --hf DIR --out PATH [--strategy recipes/strategy/X.yaml]``: a local
 transformers checkpoint (``config.json`` + ``model.safetensors`` or shards with
-``model.safetensors.index.json``; nothing is downloaded) of ``LlamaForCausalLM``, ``Qwen3ForCausalLM``,
-``Qwen3MoeForCausalLM`` or ``MixtralForCausalLM`` becomes a native checkpoint with its spec, the
-tokenizer beside it and ``model.yaml`` (see ``convert.write_native``).
+``model.safetensors.index.json``; nothing is downloaded) of an architecture whose adapter imports
+(``export/arch/``: ``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ``Qwen3MoeForCausalLM``,
+``MixtralForCausalLM``) becomes a native checkpoint with its spec, the tokenizer beside it and
+``model.yaml`` (see ``convert.write_native``).
 
-Lives here: ``config_from_hf`` (config.json → ``TransformerConfig`` and the strategy that holds the
-checkpoint as it is: one plain γ per norm, QK-norm as DNP on q/k with a per-head u for Qwen3; every option
-we cannot hold is refused with its key), ``read_hf_tensors``, ``load_hf`` (the native model, filled
-through the name table that export also uses, ``export/hf_names.py``), ``import_hf`` and ``main``. With
+Lives here: ``config_from_hf`` (the adapter's ``config.json`` → ``TransformerConfig`` and the strategy
+that holds the checkpoint as it is: one plain γ per norm, QK-norm as DNP on q/k with a per-head u; every
+option we cannot hold is refused with its key), ``read_hf_tensors``, ``load_hf`` (the native model,
+filled through the adapter's name table, which export also uses), ``import_hf`` and ``main``. With
 ``--strategy`` the model is converted as ``convert`` does.
 
 Plain torch (+ safetensors): must not import Lightning or transformers.
@@ -23,9 +24,10 @@ from typing import Any, Optional
 import torch
 
 from ..errors import RunError, UserError
-from ..export.hf_names import hf_names, native_tensor, site_of
+from ..export.arch import architecture, architectures
+from ..export.hf_names import native_tensor, site_of
 from ..model.block import Block
-from ..model.config import MoEConfig, TransformerConfig
+from ..model.config import TransformerConfig
 from ..model.rope import rope_tables
 from ..model.spec import build_from_spec, describe_callable
 from ..model.transformer import Transformer
@@ -33,78 +35,24 @@ from ..outdir import OutputFolder
 from ..scale.convert import set_scale_
 from .convert import convert_model, read_strategy, report_lines, write_native
 
-IMPORTABLE = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints store
 
 
-def _refuse(where: str, key: str, value: Any, problem: str, fix: str) -> UserError:
-    return UserError(f"{where}: {key}", repr(value), problem, fix)
+def importable() -> list[str]:
+    """The architectures import reads: every registered adapter that imports (``export/arch/``)."""
+    return [a.architecture for a in architectures() if a.importable]
 
 
 def config_from_hf(cfg: dict[str, Any], where: str = "config.json") -> tuple[str, TransformerConfig, dict[str, Any]]:
-    """``(architecture, TransformerConfig, strategy as spec data)`` of a transformers ``config.json``."""
+    """``(architecture, TransformerConfig, strategy as spec data)`` of a transformers ``config.json``: the
+    adapter of its architecture reads it (``HFArchitecture.config_from_hf``)."""
     archs = cfg.get("architectures") or []
-    arch = archs[0] if len(archs) == 1 else None
-    if arch not in IMPORTABLE:
-        raise _refuse(where, "architectures", archs, "is not an architecture import reads",
-                      f"import a checkpoint of {', '.join(IMPORTABLE)}")
-    unsupported = "has no equivalent in scalevec_lit's model"
-    checks = [("hidden_act", cfg.get("hidden_act", "silu"), "silu", "SwiGLU with SiLU is the only MLP"),
-              ("attention_bias", bool(cfg.get("attention_bias", False)), False, "q/k/v/o have no bias"),
-              ("mlp_bias", bool(cfg.get("mlp_bias", False)), False, "the MLP maps have no bias"),
-              ("use_sliding_window", bool(cfg.get("use_sliding_window", False)), False, "attention is full"),
-              ("attention_dropout", float(cfg.get("attention_dropout", 0.0) or 0.0), 0.0, "there is no dropout")]
-    if arch == "MixtralForCausalLM":
-        checks.append(("sliding_window", cfg.get("sliding_window"), None, "attention is full"))
-    for key, value, want, why in checks:
-        if value != want:
-            raise _refuse(where, key, value, f"{unsupported} ({why})", f"only {want!r} can be imported")
-    if any(t != "full_attention" for t in cfg.get("layer_types") or []):
-        raise _refuse(where, "layer_types", sorted(set(cfg["layer_types"])), f"{unsupported} (attention is full)",
-                      "only full_attention layers can be imported")
-    rope = dict(cfg.get("rope_parameters") or {})
-    scaling = cfg.get("rope_scaling") or {}
-    for key, params in (("rope_scaling", scaling), ("rope_parameters", rope)):
-        kind = params.get("rope_type", params.get("type", "default"))
-        if kind != "default":
-            raise _refuse(where, f"{key}.rope_type", kind, f"{unsupported} (RoPE is unscaled)",
-                          "only rope_type 'default' can be imported")
-        if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise _refuse(where, f"{key}.partial_rotary_factor", params["partial_rotary_factor"],
-                          f"{unsupported} (RoPE covers the whole head)", "only 1.0 can be imported")
-    theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    n_embd, n_head = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-    moe = None
-    layers = int(cfg["num_hidden_layers"])
-    intermediate = int(cfg.get("intermediate_size") or 0) or None
-    if arch == "Qwen3MoeForCausalLM":
-        dense = list(cfg.get("mlp_only_layers") or [])
-        if int(cfg.get("decoder_sparse_step", 1)) != 1:
-            raise _refuse(where, "decoder_sparse_step", cfg["decoder_sparse_step"], f"{unsupported} (MoE layers are "
-                          "every layer after the first dense ones)", "only 1 can be imported")
-        if dense != list(range(len(dense))):
-            raise _refuse(where, "mlp_only_layers", dense, f"{unsupported} (dense layers come first: "
-                          "model.config.moe.first_dense_layers)", "only the first k layers may be dense")
-        moe = MoEConfig(num_experts=int(cfg.get("num_experts") or cfg["num_local_experts"]),
-                        top_k=int(cfg["num_experts_per_tok"]), expert_intermediate_size=int(cfg["moe_intermediate_size"]),
-                        route_norm=bool(cfg.get("norm_topk_prob", False)), first_dense_layers=len(dense),
-                        aux_loss_coef=float(cfg.get("router_aux_loss_coef", 0.001)), z_loss_coef=0.0)
-    elif arch == "MixtralForCausalLM":
-        moe = MoEConfig(num_experts=int(cfg["num_local_experts"]), top_k=int(cfg["num_experts_per_tok"]),
-                        expert_intermediate_size=int(cfg["intermediate_size"]), route_norm=True,
-                        aux_loss_coef=float(cfg.get("router_aux_loss_coef", 0.001)), z_loss_coef=0.0)
-    config = TransformerConfig(
-        vocab_size=int(cfg["vocab_size"]), seq_len=int(cfg.get("max_position_embeddings", 2048)), n_layer=layers,
-        n_embd=n_embd, n_head=n_head, n_kv_head=int(cfg.get("num_key_value_heads") or n_head),
-        head_dim=int(cfg.get("head_dim") or n_embd // n_head), intermediate_size=intermediate, rope_theta=theta,
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), init_std=float(cfg.get("initializer_range", 0.02)),
-        moe=moe)
-    qk = "dual_norm" if arch.startswith("Qwen3") else "input"
-    strategy = {"vector": {"class_path": "scalevec_lit.scale.PlainScale", "init_args": {}}, "branch_specific": False,
-                "placement": {"q": qk, "k": qk, "v": "input", "gate": "input", "up": "input", "router": "input"},
-                "output_shape": "head" if qk == "dual_norm" else "channel", "sublayer_output_norm": False, "final_norm": True,
-                "eps": float(cfg.get("rms_norm_eps", 1e-6))}
-    return arch, config, strategy
+    adapter = architecture(archs[0]) if len(archs) == 1 and isinstance(archs[0], str) else None
+    if adapter is None or not adapter.importable:
+        raise UserError(f"{where}: architectures", repr(archs), "is not an architecture import reads",
+                        f"import a checkpoint of {', '.join(importable())}")
+    config, strategy = adapter.config_from_hf(cfg, where)
+    return adapter.architecture, config, strategy
 
 
 def read_hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -178,7 +126,8 @@ def load_hf(folder: str | Path) -> tuple[Transformer, str]:
     model.rope_cos.copy_(cos)
     model.rope_sin.copy_(sin)
     tensors = read_hf_tensors(folder)
-    rows = hf_names(model, arch, qk_norm=arch.startswith("Qwen3"))
+    qk_norm = model.blocks[0].attn.input.normalizes("q")  # as the adapter's strategy says
+    rows = architecture(arch).names(model, qk_norm)
     names = {n for n, _ in rows}
     missing = sorted(names - set(tensors))
     extra = sorted(k for k in set(tensors) - names if not k.endswith(_IGNORED_SUFFIXES))
@@ -231,8 +180,9 @@ def import_hf(hf: str | Path, out: str | Path, *, strategy: Optional[str | Path]
         raise UserError("--hf", str(folder), "has no config.json", "give a local transformers checkpoint folder")
     tok = _tokenizer(folder, tokenizer)
     model, arch = load_hf(folder)
+    qk_norm = model.blocks[0].attn.input.normalizes("q")
     lines = [f"imported {arch} from {folder}: {sum(p.numel() for p in model.parameters()):,} parameters, "
-             f"eps {model.strategy.eps:g}, {'QK-norm as DNP on q/k (output_shape: head)' if arch.startswith('Qwen3') else 'one γ per norm'}"]
+             f"eps {model.strategy.eps:g}, {'QK-norm as DNP on q/k (output_shape: head)' if qk_norm else 'one γ per norm'}"]
     if strategy is not None:
         model, report, moved = convert_model(model, read_strategy(strategy, model.strategy.eps),
                                              allow_function_change=allow_function_change, value=str(strategy))

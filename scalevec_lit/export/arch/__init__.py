@@ -1,0 +1,68 @@
+"""Hugging Face architectures, one adapter each: the only place that knows a transformers architecture.
+
+Each file of this package (other than ``base``) holds one adapter, an ``HFArchitecture`` subclass decorated
+with ``@register``: its weight names both ways, its ``config.json`` both ways, and what it holds or
+refuses (the fold plan). Export (``export/hf.py``, ``export/hf_plan.py``) and import
+(``hub/hf_import.py``) read only the registry below, so adding an architecture is one new file here; an
+adapter defined elsewhere (user code) is added by calling ``register`` on it.
+
+Plain torch: must not import Lightning or transformers.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Optional
+
+from .base import NATIVE_HINT, HFArchitecture, ModelFacts, Refusals, facts_of, head_norm_weight
+
+_REGISTRY: dict[str, HFArchitecture] = {}
+_discovered = False
+
+
+def register(cls: type[HFArchitecture]) -> type[HFArchitecture]:
+    """Add the adapter ``cls`` (a class decorator); refused when another class has its architecture name."""
+    if not (isinstance(cls, type) and issubclass(cls, HFArchitecture)) or not cls.architecture or not cls.title:
+        raise TypeError(f"register: {cls!r} is not an HFArchitecture subclass with architecture and title set")
+    old = _REGISTRY.get(cls.architecture)
+    if old is not None and _qualified(type(old)) != _qualified(cls):  # the same class re-imported replaces itself
+        raise ValueError(f"register: {cls.architecture} is already registered by {_qualified(type(old))}; "
+                         f"unregister({cls.architecture!r}) first to replace it")
+    _REGISTRY[cls.architecture] = cls()
+    return cls
+
+
+def unregister(architecture: str) -> None:
+    """Remove an adapter (nothing when there is none of that name)."""
+    _REGISTRY.pop(architecture, None)
+
+
+def architectures() -> list[HFArchitecture]:
+    """Every registered adapter, by ``priority`` (then registration order)."""
+    _discover()
+    return sorted(_REGISTRY.values(), key=lambda a: a.priority)
+
+
+def architecture(name: str) -> Optional[HFArchitecture]:
+    """The adapter of the transformers class ``name`` (``'LlamaForCausalLM'``), None when none."""
+    _discover()
+    return _REGISTRY.get(name)
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _discover() -> None:
+    """Import every module of this package once (each registers its adapter)."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    for info in pkgutil.iter_modules(__path__):
+        if info.name != "base" and not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+__all__ = ["HFArchitecture", "ModelFacts", "NATIVE_HINT", "Refusals", "architecture", "architectures", "facts_of",
+           "head_norm_weight", "register", "unregister"]
