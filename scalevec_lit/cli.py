@@ -116,7 +116,10 @@ class ScaleVecCLI(LightningCLI):
             verify_checkpoint(ckpt_path, full=False)
 
     def instantiate_classes(self) -> None:
-        super().instantiate_classes()
+        from .lit.model_class import without_class_path
+
+        with without_class_path(self.config, self.subcommand):  # issue 25 (H1): not an argument of the class
+            super().instantiate_classes()
         if getattr(self, "trainer", None) is not None:
             from .lit.progress import install_step_progress_bar
 

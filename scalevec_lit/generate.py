@@ -5,7 +5,9 @@ folder) and the tokenizer recorded in it; decodes greedily (``--temperature 0``)
 then top-k, then top-p), with a key/value cache (``Transformer.forward_cached``, ``model/cache.py``), and
 prints each piece of text as soon as it is complete (a multi-byte character waits for its last token).
 
-Library use: ``generate(model, prompt_ids, max_new_tokens, Sampling(...), generator=...)``.
+Library use: ``generate(model, prompt_ids, max_new_tokens, Sampling(...), generator=...)``; a model that cannot
+decode with the cache (a block with its own attention: ``model/cache.py`` ``cache_unsupported``) runs without it,
+as the command does (``use_cache=True`` refuses it instead).
 
 Plain torch (+ tokenizers): must not import Lightning.
 """
@@ -69,10 +71,12 @@ def next_token(logits: torch.Tensor, sampling: Sampling, generator: Optional[tor
 
 
 def supports_cache(model) -> bool:
-    """True when every block's attention is a ``CausalSelfAttention`` (the module that reads the cache)."""
-    from .model.attention import CausalSelfAttention
+    """True when ``model.forward_cached`` gives ``forward``'s logits: every block's attention is a
+    ``CausalSelfAttention`` (the module that reads the cache) and the model class does not override ``forward``
+    alone (``model/cache.py``)."""
+    from .model.cache import cache_unsupported
 
-    return all(any(isinstance(m, CausalSelfAttention) for m in block.modules()) for block in model.blocks)
+    return cache_unsupported(model) is None
 
 
 @torch.no_grad()
@@ -83,12 +87,20 @@ def generate(
     sampling: Sampling = Sampling(temperature=0.0),
     generator: Optional[torch.Generator] = None,
     eos_id: Optional[int] = None,
-    use_cache: bool = True,
+    use_cache: Optional[bool] = None,
     on_token: Optional[Callable[[torch.Tensor], None]] = None,
 ) -> torch.Tensor:
     """New tokens ``[B, n]`` after ``prompt`` ``[B, T]`` (n ≤ ``max_new_tokens``; fewer when every row has
     produced ``eos_id``, after which a row repeats ``eos_id``). ``on_token`` sees each step's ``[B]`` tokens.
-    ``use_cache=False`` runs the whole sequence at every step (the reference the cache must agree with)."""
+    ``use_cache=False`` runs the whole sequence at every step (the reference the cache must agree with);
+    ``None`` (default) uses the key/value cache when the model supports it (``supports_cache``) and runs without
+    it otherwise; ``True`` requires it (``ValueError`` naming the block or model class that cannot use it)."""
+    if use_cache is None:
+        use_cache = supports_cache(model)
+    elif use_cache:
+        from .model.cache import check_cache_support
+
+        check_cache_support(model)
     T = prompt.shape[1]
     if T + max_new_tokens - 1 > model.config.seq_len:  # the last token is never run through the model
         raise ValueError(f"{T} prompt tokens + {max_new_tokens} new ones exceed the model's context "
@@ -222,9 +234,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     model.to(device)
     if args.dtype != "float32":
         _cast_parameters_(model, DTYPES[args.dtype])
-    use_cache = not args.no_cache and supports_cache(model)
-    if not args.no_cache and not use_cache:
-        print("note: a block without CausalSelfAttention: generating without the key/value cache", file=sys.stderr)
+    from .model.cache import cache_unsupported
+
+    why = None if args.no_cache else cache_unsupported(model)
+    use_cache = not args.no_cache and why is None
+    if why is not None:
+        print(f"note: {why}: generating without the key/value cache", file=sys.stderr)
     prompt = torch.tensor([ids], device=device)
     eos = None if args.ignore_eos else tok.eos_id
     total, elapsed = 0, 0.0

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..model.rope import rope_tables
-from ..model.spec import build_from_spec
+from ..model.spec import UnimportableClassError, build_from_spec
 from ..model.transformer import Transformer
 from ..verify import checkpoint_files, verify_checkpoint
 from .errors import ExportError
@@ -117,9 +117,13 @@ def read_checkpoint_extra(path: str | Path) -> tuple[dict[str, Any], dict[str, t
 
 
 def model_from_state(spec: dict[str, Any], state: dict[str, torch.Tensor]) -> Transformer:
-    """Build the model of ``spec`` on the meta device, then load ``state`` (fp32, CPU) into it."""
-    with torch.device("meta"):
-        model = build_from_spec(spec)
+    """Build the model of ``spec`` (its own class, block and strategy: ``model/spec.py``) on the meta device, then
+    load ``state`` (fp32, CPU) into it; a class that cannot be imported is refused by name with the fix."""
+    try:
+        with torch.device("meta"):
+            model = build_from_spec(spec)
+    except UnimportableClassError as err:
+        raise ExportError(f"--ckpt: the checkpoint's model cannot be rebuilt: {err}") from None
     model.to_empty(device="cpu")
     model.float()
     tied = model.config.tie_embeddings

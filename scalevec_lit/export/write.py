@@ -18,7 +18,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from ..data.tokenizer import DEFAULT_TOKENIZER, Tokenizer
-from ..model.spec import model_spec
+from ..model.spec import spec_of
 from ..model.transformer import Transformer
 from ..outdir import output_folder
 from .checkpoint import NATIVE_SPEC, load_model
@@ -109,7 +109,7 @@ def write_native_files(model: Transformer, dest: Path, *, spec: Optional[dict[st
                        tokenizer: Optional[Path] = None, max_shard_size: int | str = "5GB") -> list[str]:
     """The native files in the folder ``dest`` (no checks: ``save_native`` and ``hub.write_native`` give it
     the temporary folder of their output)."""
-    spec = spec or model_spec(model.config, model.strategy, type(model.blocks[0]))
+    spec = spec or spec_of(model)  # the model's class, block with init_args and strategy (model/spec.py)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if model.tied:
         state.pop(Transformer.HEAD_KEY, None)  # tied: rebuilt from the spec's tie_embeddings

@@ -26,7 +26,7 @@ from ..export.checkpoint import model_from_state, read_checkpoint_extra
 from ..export.tokenizer import find_tokenizer
 from ..export.write import write_native_files
 from ..model.block import Block
-from ..model.spec import build_from_spec, describe_callable, model_spec, strategy_from_dict
+from ..model.spec import STOCK_MODEL, build_from_spec, describe_callable, model_spec, spec_of, strategy_from_dict
 from ..model.transformer import Transformer
 from ..outdir import OutputFolder, output_folder
 from ..scale.convert import Transfer, transfer_
@@ -54,10 +54,6 @@ def read_strategy(path: str | Path, eps: float) -> ScaleStrategy:
                         "fix the file; the presets in recipes/strategy/ show every key") from None
 
 
-def spec_of(model: Transformer) -> dict[str, Any]:
-    return model_spec(model.config, model.strategy, type(model.blocks[0]))
-
-
 @torch.no_grad()
 def logits_change(a: Transformer, b: Transformer, seed: int = 0) -> float:
     """max |Δ logits| / max |logits| of ``a`` and ``b`` on a sample batch of random tokens."""
@@ -74,7 +70,8 @@ def convert_model(model: Transformer, strategy: ScaleStrategy, *, allow_function
     Runs in ``model``'s dtype (float64 for an exactness check). A conversion that changes the function is
     refused (``UserError`` listing the sites) unless ``allow_function_change``.
     """
-    spec = model_spec(model.config, strategy, type(model.blocks[0]))
+    source_spec = spec_of(model)  # the model's own class and block with its init_args, another strategy
+    spec = {**source_spec, "strategy": model_spec(model.config, strategy, Block)["strategy"]}
     with torch.device("meta"):
         target = build_from_spec(spec)
     target.to_empty(device="cpu")
@@ -121,9 +118,12 @@ def write_native(model: Transformer, out: str | Path, *, tokenizer: Path,
     config = {k: v for k, v in spec["config"].items() if k != "seq_len"}  # the recipe's seq_len is used
     section: dict[str, Any] = {"config": config, "strategy": spec["strategy"]}
     if spec["block"] != describe_callable(Block):
-        section["block"] = spec["block"]["class_path"]
+        section["block"] = spec["block"] if spec["block"].get("init_args") else spec["block"]["class_path"]
     text = ("# The model of this folder, for fit: --config <recipe> --config <this file> --model.init_from <this folder>\n"
             f"# (written by scalevec_lit; the model was built for up to {spec['config']['seq_len']} positions)\n")
+    if spec["model"]["class_path"] != STOCK_MODEL:
+        text += (f"# model class: {spec['model']['class_path']}: add model.class_path: <the CausalLM subclass whose "
+                 "build_model builds it>\n")
     with output_folder(out, command=command, inputs=sources, overwrite=overwrite) as dest:
         files = write_native_files(model.float(), dest, spec=spec, tokenizer=tokenizer)
         (dest / RECIPE).write_text(text + yaml.safe_dump({"model": section}, sort_keys=False))

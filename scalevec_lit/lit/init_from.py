@@ -6,8 +6,9 @@ and step count), after checking that the recipe builds the same model.
 compares its spec with the recipe's and returns the config to build (the checkpoint's vocabulary when
 the tokenizer's fits in it) and the weights; ``load_init_weights`` puts them into the built model.
 What must agree: every shape key of ``model.config`` (also ``rope_theta`` and the MoE shape; not
-``seq_len``, the recipe's), the whole ``model.strategy`` and the block class. A mismatch is one paragraph
-naming every differing key and the fix (the ``model.yaml`` written beside the checkpoint, or ``convert``).
+``seq_len``, the recipe's), the whole ``model.strategy``, the block class with its ``init_args`` and, once the
+model is built, its class (a ``CausalLM`` subclass's ``build_model``) with its ``init_args``. A mismatch is one
+paragraph naming every differing key and the fix (the ``model.yaml`` written beside the checkpoint, or ``convert``).
 
 Must not import Lightning (the module that calls it does).
 """
@@ -20,7 +21,7 @@ import torch
 
 from ..errors import UserError
 from ..model.config import TransformerConfig
-from ..model.spec import model_spec
+from ..model.spec import describe_model, model_spec
 from ..scale.strategy import ScaleStrategy
 
 CONFIG_KEYS = ("n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "intermediate_size", "rope_theta",
@@ -45,7 +46,9 @@ def _diffs(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     out += [f"model.strategy.{k}: checkpoint {sa.get(k)!r}, recipe {sb.get(k)!r}" for k in dict.fromkeys([*sa, *sb])
             if sa.get(k) != sb.get(k)]
     if saved.get("block") != current.get("block"):
-        out.append(f"model.block: checkpoint {saved['block']['class_path']}, recipe {current['block']['class_path']}")
+        a, b = saved["block"], current["block"]
+        same = a["class_path"] == b["class_path"]
+        out.append(f"model.block: checkpoint {a if same else a['class_path']}, recipe {b if same else b['class_path']}")
     return out
 
 
@@ -72,13 +75,14 @@ def _has_dense(config: dict[str, Any]) -> bool:
 def read_init(path: str, config: TransformerConfig, strategy: ScaleStrategy,
               block: Callable) -> tuple[TransformerConfig, dict[str, torch.Tensor]]:
     """``(config to build, weights)`` for ``init_from``; ``UserError`` when the recipe builds another model."""
-    config, state, _ = read_init_with_tokenizer(path, config, strategy, block)
+    config, state, _, _ = read_init_with_tokenizer(path, config, strategy, block)
     return config, state
 
 
-def read_init_with_tokenizer(path: str, config: TransformerConfig, strategy: ScaleStrategy,
-                             block: Callable) -> tuple[TransformerConfig, dict[str, torch.Tensor], Optional[dict]]:
-    """``read_init`` and the identity of the checkpoint's tokenizer (``tokenizer_check.py``), or ``None``."""
+def read_init_with_tokenizer(path: str, config: TransformerConfig, strategy: ScaleStrategy, block: Callable
+                             ) -> tuple[TransformerConfig, dict[str, torch.Tensor], Optional[dict], dict]:
+    """``read_init``, the identity of the checkpoint's tokenizer (``tokenizer_check.py``) or ``None``, and the model
+    entry of its spec (``load_init_weights`` compares it with the model built)."""
     from ..export.checkpoint import read_checkpoint_extra
     from ..export.errors import ExportError
     from .tokenizer_check import checkpoint_identity
@@ -101,12 +105,20 @@ def read_init_with_tokenizer(path: str, config: TransformerConfig, strategy: Sca
         raise UserError(key, path, f"the checkpoint's vocabulary ({vocab}) is smaller than the tokenizer's "
                         f"({config.vocab_size})", "prepare the data with the tokenizer that came with the checkpoint "
                         "(the tokenizer.json in its folder)")
-    return dataclasses.replace(config, vocab_size=vocab), state, checkpoint_identity(path, extra)
+    return (dataclasses.replace(config, vocab_size=vocab), state, checkpoint_identity(path, extra),
+            spec.get("model") or describe_model())
 
 
 @torch.no_grad()
-def load_init_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], path: str) -> None:
-    """Copy ``state`` into ``model`` (all keys; a tied head may be absent); refuses a partial fit."""
+def load_init_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], path: str,
+                      saved_model: Optional[dict] = None) -> None:
+    """Copy ``state`` into ``model`` (all keys; a tied head may be absent); refuses a partial fit, and a model of
+    another class (or ``init_args``) than ``saved_model``, the model entry of the checkpoint's spec, when given."""
+    built = describe_model(model)
+    if saved_model is not None and saved_model != built:
+        raise UserError("model.init_from", path, f"the checkpoint holds a {_text(saved_model)} model, the recipe "
+                        f"builds a {_text(built)}", "choose the CausalLM subclass whose build_model builds the "
+                        "checkpoint's model with model.class_path (the stock Transformer: leave model.class_path out)")
     tied = getattr(model, "tied", False)
     head = getattr(type(model), "HEAD_KEY", None)
     state = {k: v for k, v in state.items() if not (tied and k == head)}
@@ -117,3 +129,7 @@ def load_init_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], pa
                         f"unexpected: {unexpected[:4]})", "give a checkpoint written for this model")
     if tied:
         model.tie_()
+
+
+def _text(desc: dict[str, Any]) -> str:
+    return desc["class_path"] + (f" {desc['init_args']}" if desc.get("init_args") else "")

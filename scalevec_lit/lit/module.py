@@ -21,7 +21,7 @@ from torchmetrics.aggregation import MeanMetric
 from ..errors import UserError, notice
 from ..model.block import Block
 from ..model.config import TransformerConfig
-from ..model.spec import check_spec, model_spec
+from ..model.spec import check_rebuildable, check_spec, model_spec
 from ..model.transformer import BlockFactory, Transformer, count_parameters
 from ..scale.registry import DECAYED_BY, SCALE
 from ..scale.strategy import ScaleStrategy
@@ -116,10 +116,11 @@ class CausalLM(L.LightningModule):
         self.compile = compile
         self.peak_tflops = peak_tflops
         self.init_from, self._init_state, self._init_tokenizer = init_from, None, None
+        self._init_model: Optional[dict] = None  # the model entry of init_from's spec, checked once built
         if init_from is not None:  # check the recipe against the checkpoint before anything else is built
             from .init_from import read_init_with_tokenizer
 
-            self.config, self._init_state, self._init_tokenizer = read_init_with_tokenizer(
+            self.config, self._init_state, self._init_tokenizer, self._init_model = read_init_with_tokenizer(
                 str(init_from), self.config, self.strategy, self.block)
             if config.vocab_size not in (TransformerConfig.vocab_size, self.config.vocab_size):
                 notice(f"model.config.vocab_size: {config.vocab_size}: not used: a run from model.init_from has the "
@@ -139,8 +140,14 @@ class CausalLM(L.LightningModule):
 
     # -- model -------------------------------------------------------------------------------------
     def build_model(self) -> Transformer:
-        """Override to build another model class; must return an ``nn.Module`` with the Transformer API."""
+        """Override to build another model class (chosen in a recipe with ``model.class_path``): a ``Transformer``
+        subclass built as ``cls(self.config, self.strategy, self.block, **extra)`` with ``self.init_args = extra``
+        in its constructor, so that checkpoints rebuild it (``model/spec.py``; checked at fit start)."""
         return Transformer(self.config, self.strategy, self.block)
+
+    def spec(self) -> dict[str, Any]:
+        """The checkpoint spec of the model built (its class, config, strategy and block with its init_args)."""
+        return model_spec(self.config, self.strategy, getattr(self.model, "block_factory", self.block), self.model)
 
     def configure_model(self) -> None:
         if self.model is not None:
@@ -154,7 +161,7 @@ class CausalLM(L.LightningModule):
         if self._init_state is not None:  # weights only: loaded before sharding (FSDP2 shards what is there)
             from .init_from import load_init_weights
 
-            load_init_weights(self.model, self._init_state, str(self.init_from))
+            load_init_weights(self.model, self._init_state, str(self.init_from), self._init_model)
             self._init_state = None
         if mesh is not None or self.compile or self.parallel.activation_checkpointing:
             parallelize(self.model, mesh, self.parallel, compile=self.compile)
@@ -310,7 +317,8 @@ class CausalLM(L.LightningModule):
 
     # -- start-up report and checkpoint extras --------------------------------------------------------
     def on_fit_start(self) -> None:
-        count = count_parameters(self.config, self.strategy, self.block)
+        check_rebuildable(self.model, self.spec())  # a model its checkpoints would not rebuild: refused before training
+        count = count_parameters(self.model)  # the model built (global sizes under FSDP2, also on the meta device)
         rank_zero_info(f"{type(self.model).__name__}: " + count.summary())
         self._flops_per_token = self.config.flops_per_token(self.config.seq_len, count.active_non_embedding)
         if self.peak_tflops is None and self.device.type == "cuda":
@@ -332,7 +340,7 @@ class CausalLM(L.LightningModule):
         checkpoint["scalevec"] = {
             "tokens_seen": self.tokens_seen,
             "skipped_steps": self.skipped_steps,
-            "spec": model_spec(self.config, self.strategy, self.block),
+            "spec": self.spec(),
         }
         tokenizer = self._tokenizer_identity()
         if tokenizer:
@@ -346,7 +354,7 @@ class CausalLM(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         extra = checkpoint.get("scalevec", {})
         path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
-        check_spec(extra.get("spec"), model_spec(self.config, self.strategy, self.block), path)
+        check_spec(extra.get("spec"), self.spec(), path)
         check_same_tokenizer("--ckpt_path", str(path), extra.get("tokenizer"), self._tokenizer_identity())
         self.tokens_seen = int(extra.get("tokens_seen", 0))
         self.skipped_steps = int(extra.get("skipped_steps", 0))

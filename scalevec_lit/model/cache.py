@@ -4,6 +4,11 @@
 appends their keys and values; the training path (``Transformer.forward``) never sees a cache. Keys are
 stored after the per-head norm, ``u`` and RoPE (what attention reads), values after their output side.
 
+Only ``CausalSelfAttention`` reads the cache: ``cache_unsupported(model)`` says why a model cannot decode with
+it (a block without that module, or a model class that overrides ``forward`` but not ``forward_cached``), and
+``forward_cached`` refuses such a model (``check_cache_support``) instead of returning logits that ignore the
+earlier positions; ``generate()`` then runs without the cache.
+
 Plain torch only: must not import Lightning.
 """
 from __future__ import annotations
@@ -62,3 +67,31 @@ class KVCache:
         """Called by the model after the ``T`` positions ran."""
         self.length += T
         self.masking = {}
+
+
+def cache_unsupported(model) -> Optional[str]:
+    """Why ``model.forward_cached`` would not give ``forward``'s logits, or ``None`` when it does: every block must
+    run its attention through a ``CausalSelfAttention`` (the module that reads the cache), and a model class that
+    overrides ``forward`` must also override ``forward_cached``."""
+    from .attention import CausalSelfAttention
+    from .transformer import Transformer
+
+    for i, block in enumerate(model.blocks):
+        if not any(isinstance(m, CausalSelfAttention) for m in block.modules()):
+            return (f"block {i} ({type(block).__module__}.{type(block).__qualname__}) has no CausalSelfAttention, "
+                    "the module that reads the key/value cache")
+    cls = type(model)
+    if isinstance(model, Transformer) and cls.forward is not Transformer.forward and \
+            cls.forward_cached is Transformer.forward_cached:
+        return (f"{cls.__module__}.{cls.__qualname__} overrides forward but not forward_cached, so decoding with "
+                "the cache would skip its own computation")
+    return None
+
+
+def check_cache_support(model) -> None:
+    """``ValueError`` (naming the block or model class) when ``cache_unsupported(model)``."""
+    why = cache_unsupported(model)
+    if why is not None:
+        raise ValueError(f"this model cannot decode with a key/value cache: {why}; use generate(..., use_cache=False) "
+                         "(generate() without use_cache falls back to it by itself), or give the module the cache "
+                         "path (a CausalSelfAttention, or a forward_cached override)")

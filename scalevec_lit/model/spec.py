@@ -1,10 +1,16 @@
-"""A model's recipe as plain data: config + strategy + block, to store in checkpoints and rebuild.
+"""A model's identity as plain data: model class + config + strategy + block, stored in checkpoints to rebuild it.
 
-``model_spec(config, strategy, block)`` gives a JSON/YAML-able dict; ``build_from_spec(spec)`` gives
-back an equivalent ``Transformer`` (parameters freshly initialized; load a state dict into it);
-``check_spec(saved, current, path)`` refuses a checkpoint written by another model.
+``model_spec(config, strategy, block, model)`` gives a JSON/YAML-able dict; ``spec_of(model)`` the spec of a
+built model; ``build_from_spec(spec)`` gives back the same model class (parameters freshly initialized; load
+a state dict into it); ``check_spec(saved, current, path)`` refuses a checkpoint written by another model;
+``check_rebuildable(model, spec)`` refuses, at fit start, a model that its spec would not rebuild.
 Classes and class factories (what jsonargparse gives for ``class_path`` + ``init_args``) are stored as
 ``{"class_path": ..., "init_args": ...}``.
+
+The model entry: the class of the built model (``Transformer`` or a subclass, e.g. returned by a
+``CausalLM.build_model`` override), rebuilt as ``cls(config, strategy, block, **init_args)``; a subclass
+whose constructor takes more arguments stores them in ``self.init_args`` (a dict) so that they are recorded.
+A spec without a model entry (older checkpoints) is the stock ``Transformer``.
 
 Plain torch only: must not import Lightning.
 """
@@ -18,6 +24,22 @@ from typing import Any, Callable, Optional
 from ..scale.strategy import Placement, ScaleStrategy
 from ..verify import CheckpointError
 from .config import MoEConfig, TransformerConfig
+
+#: the model class of a spec that names none (written before the model entry existed)
+STOCK_MODEL = "scalevec_lit.model.transformer.Transformer"
+_CORE_ARGS = ("config", "strategy", "block")
+
+
+class UnimportableClassError(ImportError):
+    """A spec names a class that this process cannot import (``str`` is the whole message with the fix)."""
+
+    def __init__(self, class_path: str, err: BaseException) -> None:
+        module = class_path.rpartition(".")[0]
+        super().__init__(
+            f"the class {class_path} cannot be imported ({type(err).__name__}: {err}); make its package importable "
+            f"(install it, or add the folder that holds {module.split('.')[0]!r} to PYTHONPATH) or restore the class "
+            "under that name")
+        self.class_path = class_path
 
 
 def describe_callable(fn: Callable) -> dict[str, Any]:
@@ -33,23 +55,59 @@ def describe_callable(fn: Callable) -> dict[str, Any]:
 
 
 def import_object(path: str):
-    module, _, name = path.rpartition(".")
-    obj = importlib.import_module(module)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    return obj
+    """The object a dotted path names (module path, then attributes); ``ImportError`` or ``AttributeError``."""
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, 0, -1):  # the longest importable module prefix (a class may be nested)
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as err:
+            if err.name is not None and not ".".join(parts[:cut]).startswith(err.name):
+                raise  # a module that exists failed to import one of its own imports: say so
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name)
+        return obj
+    return importlib.import_module(path)
+
+
+def import_class(path: str):
+    """``import_object`` for a class a spec names; ``UnimportableClassError`` (names the class and the fix)."""
+    try:
+        return import_object(path)
+    except (ImportError, AttributeError) as err:
+        raise UnimportableClassError(path, err) from None
 
 
 def rebuild_callable(desc: dict[str, Any]) -> Callable:
-    cls = import_object(desc["class_path"])
+    cls = import_class(desc["class_path"])
     return functools.partial(cls, **desc.get("init_args", {})) if desc.get("init_args") else cls
 
 
-def model_spec(config: TransformerConfig, strategy: ScaleStrategy, block: Callable) -> dict[str, Any]:
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def describe_model(model: Any = None) -> dict[str, Any]:
+    """The spec's model entry: the built model's class and its extra constructor arguments (``init_args``)."""
+    if model is None:
+        return {"class_path": STOCK_MODEL, "init_args": {}}
+    return {"class_path": class_path(unwrapped_class(model)), "init_args": dict(getattr(model, "init_args", None) or {})}
+
+
+def model_spec(config: TransformerConfig, strategy: ScaleStrategy, block: Callable, model: Any = None) -> dict[str, Any]:
+    """The spec of ``model`` (built from ``config``, ``strategy`` and ``block``; ``None``: a stock ``Transformer``)."""
     strat = {f.name: getattr(strategy, f.name) for f in dataclasses.fields(strategy)}
     strat["vector"] = describe_callable(strategy.vector)
     strat["placement"] = dataclasses.asdict(strategy.placement)
-    return {"config": dataclasses.asdict(config), "strategy": strat, "block": describe_callable(block)}
+    return {"model": describe_model(model), "config": dataclasses.asdict(config), "strategy": strat,
+            "block": describe_callable(block)}
+
+
+def spec_of(model: Any) -> dict[str, Any]:
+    """The spec of a built model: its class, its config and strategy as they are now, the block factory it was
+    built with (with its ``init_args``; ``type(blocks[0])`` for a model that did not record one)."""
+    block = getattr(model, "block_factory", None) or type(model.blocks[0])
+    return model_spec(model.config, model.strategy, block, model)
 
 
 def strategy_from_dict(strat: dict[str, Any]) -> ScaleStrategy:
@@ -68,11 +126,63 @@ def spec_parts(spec: dict[str, Any]) -> tuple[TransformerConfig, ScaleStrategy, 
     return config, strategy_from_dict(spec["strategy"]), rebuild_callable(spec["block"])
 
 
-def build_from_spec(spec: dict[str, Any]):
-    from .transformer import Transformer
+def model_class(spec: dict[str, Any]) -> tuple[type, dict[str, Any]]:
+    """``(model class, its extra constructor arguments)`` of a spec; ``UnimportableClassError``."""
+    desc = spec.get("model") or describe_model()
+    return import_class(desc["class_path"]), dict(desc.get("init_args") or {})
 
+
+def build_from_spec(spec: dict[str, Any]):
+    """The model of ``spec`` (its class, block and strategy), freshly initialized (or on the meta device)."""
+    cls, init_args = model_class(spec)
     config, strategy, block = spec_parts(spec)
-    return Transformer(config, strategy, block)
+    return cls(config, strategy, block, **init_args)
+
+
+def check_rebuildable(model: Any, spec: dict[str, Any]) -> None:
+    """Refuse (``UserError`` on ``model``) a model that ``build_from_spec(spec)`` would not give back: another class,
+    or other parameter names or shapes (built on the meta device), or constructor arguments that the spec does
+    not record. Called at fit start, so that no checkpoint is written that export, generate or resume cannot read."""
+    import inspect
+
+    import torch
+
+    from ..errors import UserError
+
+    name, cls = spec["model"]["class_path"], unwrapped_class(model)
+    how = (f"build it as {cls.__name__}(config, strategy, block, **extra) in CausalLM.build_model and set "
+           "self.init_args = extra in its constructor")
+    signature = inspect.signature(cls.__init__).parameters
+    extra = [p for p in list(signature)[1:] if p not in _CORE_ARGS
+             and signature[p].kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    unrecorded = [p for p in extra if p not in spec["model"]["init_args"]]
+    if unrecorded:
+        raise UserError("model", name, f"its constructor takes {', '.join(unrecorded)}, which a checkpoint would not "
+                        "record", f"set self.init_args = {{{', '.join(repr(p) + ': ' + p for p in unrecorded)}}} in "
+                        "its constructor")
+    try:
+        with torch.device("meta"):
+            rebuilt = build_from_spec(spec)
+    except Exception as err:  # whatever fails here would fail the same way in every reader of its checkpoints
+        raise UserError("model", name, f"cannot be rebuilt from its checkpoint spec ({type(err).__name__}: {err})",
+                        how) from None
+    shapes = {k: tuple(v.shape) for k, v in rebuilt.state_dict().items()}
+    built = {_clean(k): tuple(v.shape) for k, v in model.state_dict().items()}
+    if type(rebuilt) is not cls or shapes != built:
+        differ = sorted(set(shapes) ^ set(built)) or [k for k in shapes if shapes[k] != built[k]]
+        raise UserError("model", name, f"its checkpoint spec rebuilds another model ({type(rebuilt).__name__}; "
+                        f"parameters that differ: {differ[:4]})", how)
+
+
+def _clean(key: str) -> str:
+    for part in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module."):
+        key = key.replace(part, "")
+    return key
+
+
+def unwrapped_class(model: Any) -> type:
+    """The model's own class: ``fully_shard`` (FSDP2) swaps a module's class for a generated ``FSDP<name>``."""
+    return next(c for c in type(model).__mro__ if not c.__module__.startswith("torch.distributed"))
 
 
 SHAPE_KEYS = ("vocab_size", "n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "intermediate_size", "moe",
@@ -84,6 +194,10 @@ def check_spec(saved: Optional[dict], current: dict, path: Optional[str]) -> Non
     if not saved:
         return
     diffs = []
+    model_a, model_b = saved.get("model") or describe_model(), current.get("model") or describe_model()
+    if model_a != model_b:
+        diffs.append(f"model: checkpoint {_model_text(model_a)}, this run {_model_text(model_b)} (a CausalLM subclass "
+                     "overriding build_model is chosen with model.class_path)")
     for section, keys in (("config", SHAPE_KEYS), ("strategy", tuple(current.get("strategy", {})))):
         a, b = saved.get(section, {}), current.get(section, {})
         diffs += [f"{section}.{k}: checkpoint {a.get(k)!r}, this run {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
@@ -94,3 +208,8 @@ def check_spec(saved: Optional[dict], current: dict, path: Optional[str]) -> Non
             f"checkpoint {path or '?'} was written by another model: " + "; ".join(diffs)
             + ". Resume with the recipe that wrote it (config.yaml in its run folder) or start afresh"
         )
+
+
+def _model_text(desc: dict[str, Any]) -> str:
+    args = desc.get("init_args") or {}
+    return desc["class_path"] + (f" {args}" if args else "")

@@ -23,7 +23,7 @@ from ..scale.sites import Branch, NormSite
 from ..scale.strategy import ScaleStrategy
 from .attention import CausalSelfAttention
 from .block import Block
-from .cache import KVCache
+from .cache import KVCache, check_cache_support
 from .config import TransformerConfig
 from .rope import rope_tables
 
@@ -48,6 +48,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.strategy = strategy = strategy or ScaleStrategy()
+        self.block_factory = block  # recorded in checkpoint specs with its init_args (model/spec.py spec_of)
         self.embed = nn.Embedding(config.vocab_size, config.n_embd)
         self.blocks = nn.ModuleList(block(config, i, strategy) for i in range(config.n_layer))
         #: the final norm and the LM head: one site whose consumer is the head
@@ -127,6 +128,8 @@ class Transformer(nn.Module):
         ``[B, T, vocab]``, the same as the matching rows of ``forward`` on the whole sequence; their keys and
         values are added to ``cache``."""
         start, T = cache.length, idx.shape[1]
+        if start == 0:  # a block with its own attention would ignore the cache: refused (checked once per cache)
+            check_cache_support(self)
         layers = self.attention_layers()
         if len(layers) != len(cache.layers):
             raise ValueError(f"the cache was made for {len(cache.layers)} attention layers, the model has {len(layers)}")
@@ -181,7 +184,8 @@ class ParameterCount:
 def count_parameters(
     config_or_model, strategy: Optional[ScaleStrategy] = None, block: BlockFactory = Block
 ) -> ParameterCount:
-    """Count parameters; from a config the model is built on the meta device (nothing allocated)."""
+    """Count parameters of a built model (also on the meta device, or sharded by FSDP2: a DTensor counts its
+    global size), or of a stock ``Transformer`` of a config, built on the meta device (nothing allocated)."""
     from ..scale.registry import scale_parameters
 
     if isinstance(config_or_model, nn.Module):
