@@ -26,13 +26,13 @@ import torch
 from ..errors import RunError, UserError
 from ..export.arch import architecture, architectures
 from ..export.hf_names import native_tensor, site_of
-from ..model.block import Block
 from ..model.config import TransformerConfig
 from ..model.rope import rope_tables
 from ..model.spec import build_from_spec, describe_callable
 from ..model.transformer import Transformer
 from ..outdir import OutputFolder
 from ..scale.convert import set_scale_
+from ..scale.strategy import normalizes
 from .convert import convert_model, read_strategy, report_lines, write_native
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints store
@@ -113,7 +113,8 @@ def load_hf(folder: str | Path) -> tuple[Transformer, str]:
     except KeyError as err:
         raise UserError(str(folder / "config.json"), f"no {err.args[0]!r}", "a key every checkpoint of its "
                         "architecture has is missing", "give the config.json saved with the checkpoint") from None
-    spec = {"config": dataclasses.asdict(config), "strategy": strategy, "block": describe_callable(Block)}
+    adapter = architecture(arch)
+    spec = {"config": dataclasses.asdict(config), "strategy": strategy, "block": describe_callable(adapter.blocks[0])}
     with torch.device("meta"):
         model = build_from_spec(spec)
     model.to_empty(device="cpu")
@@ -126,8 +127,7 @@ def load_hf(folder: str | Path) -> tuple[Transformer, str]:
     model.rope_cos.copy_(cos)
     model.rope_sin.copy_(sin)
     tensors = read_hf_tensors(folder)
-    qk_norm = model.blocks[0].attn.input.normalizes("q")  # as the adapter's strategy says
-    rows = architecture(arch).names(model, qk_norm)
+    rows = adapter.names(model, qk_norm=normalizes(strategy["placement"]["q"]))  # QK-norm as the adapter read it
     names = {n for n, _ in rows}
     missing = sorted(names - set(tensors))
     extra = sorted(k for k in set(tensors) - names if not k.endswith(_IGNORED_SUFFIXES))
@@ -180,7 +180,7 @@ def import_hf(hf: str | Path, out: str | Path, *, strategy: Optional[str | Path]
         raise UserError("--hf", str(folder), "has no config.json", "give a local transformers checkpoint folder")
     tok = _tokenizer(folder, tokenizer)
     model, arch = load_hf(folder)
-    qk_norm = model.blocks[0].attn.input.normalizes("q")
+    qk_norm = normalizes(model.strategy.placement.q)
     lines = [f"imported {arch} from {folder}: {sum(p.numel() for p in model.parameters()):,} parameters, "
              f"eps {model.strategy.eps:g}, {'QK-norm as DNP on q/k (output_shape: head)' if qk_norm else 'one γ per norm'}"]
     if strategy is not None:
