@@ -154,6 +154,57 @@ def test_activation_count_matches_a_measured_cpu_step(preset, moe, dtype):
     assert abs(head - measured[None]) <= TOLERANCE * measured[None], (head, measured[None])
 
 
+def _alive_after_forward(model, idx) -> int:
+    """Bytes allocated and not freed during the forward and the loss (the CPU allocator's events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss = torch.nn.functional.cross_entropy(model(idx).flatten(0, 1).float(), idx.flatten())
+    alive = sum(e.nbytes() for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    loss.backward()
+    return alive
+
+
+@pytest.mark.parametrize("moe", [None, MOE], ids=["dense", "moe"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_activations_alive_after_the_forward_with_and_without_checkpointing(moe, checkpointing):
+    from scalevec_lit.lit.activations import INT64, saved_per_token
+    from scalevec_lit.lit.parallel import ParallelOptions, parallelize
+    from scalevec_lit.model.config import MoEConfig
+    from scalevec_lit.model.transformer import Transformer
+
+    config = tiny_config(seq_len=64, vocab_size=256, n_embd=64, n_head=4, n_kv_head=2, intermediate_size=192,
+                         n_layer=4, moe=MoEConfig(**moe) if moe else None)
+    model = Transformer(config)
+    parallelize(model, None, ParallelOptions(activation_checkpointing=checkpointing))
+    idx = torch.randint(0, config.vocab_size, (4, config.seq_len))
+    alive = _alive_after_forward(model, idx)
+    blocks, head = saved_per_token(config, model.strategy, 4, checkpointing)
+    if checkpointing:  # the block inputs only; the recomputed block comes in the backward
+        blocks -= max(block_saved_per_token_all(config, model.strategy))
+    estimate = idx.numel() * (blocks + head - INT64)  # the token ids existed before the forward
+    assert abs(estimate - alive) <= TOLERANCE * alive, (estimate, alive)
+
+
+def block_saved_per_token_all(config, strategy) -> list[int]:
+    from scalevec_lit.lit.activations import block_saved_per_token
+
+    return [block_saved_per_token(config, strategy, i, 4) for i in range(config.n_layer)]
+
+
+def test_the_count_gives_the_benchmarked_bytes_per_token_per_block():
+    """benchmarks/RESULTS.md (benchmarks/overhead.py, measured): smoke 9,752 B (baseline), 9,776 (dnp), 11,808
+    (sandwich); d256 19,480 (baseline)."""
+    from scalevec_lit.lit.activations import block_saved_per_token
+    from scalevec_lit.model.config import TransformerConfig
+
+    smoke = TransformerConfig(seq_len=128, n_layer=4, n_embd=128, n_head=4, n_kv_head=2)
+    d256 = TransformerConfig(seq_len=256, n_layer=6, n_embd=256, n_head=4)
+    got = [block_saved_per_token(c, _strategy(p), 0, 4) for c, p in
+           [(smoke, "baseline"), (smoke, "dnp"), (smoke, "sandwich"), (d256, "baseline")]]
+    assert got == [9752, 9776, 11808, 19480]
+
+
 def test_activation_checkpointing_keeps_the_block_inputs_and_one_block():
     from scalevec_lit.lit.activations import block_saved_per_token, saved_per_token
 
