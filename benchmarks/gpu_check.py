@@ -1,7 +1,13 @@
 """GPU check: bf16 FSDP2 + torch.compile throughput, MFU and peak memory per model size and preset.
 
     bash benchmarks/gpu_check.sh                      # on one NVIDIA GPU; writes logs to $OUT
+    bash benchmarks/gpu_check.sh --sizes dense_0.12b,moe_0.5b --presets baseline,unified,no_scale
     python benchmarks/gpu_check.py --dry-run          # tiny sizes on CPU (what the test suite runs)
+    python benchmarks/gpu_check.py --dry-run --sizes tiny_moe   # a tiny MoE (bias balancing, shared expert)
+
+Sizes: the named dense sizes (``scalevec_lit.model.SIZES``) and the MoE recipes ``moe_0.5b``, ``moe_2b``
+(``recipes/<name>.yaml``'s ``model.config``; vocabulary 32000 where the recipe takes the tokenizer's).
+The loss is the cross-entropy plus the MoE aux losses, as the library trains.
 
 Installs nothing and reads no data: batches are random token ids (throughput does not depend on them).
 The bf16 matmul peak of this GPU is measured first and MFU is reported against it (and against the
@@ -38,6 +44,27 @@ from scalevec_lit.model import SIZES, Transformer, TransformerConfig, count_para
 from scalevec_lit.lit.nonfinite import NonFiniteGuard  # noqa: E402
 from scalevec_lit.model.spec import strategy_from_dict  # noqa: E402
 
+
+
+#: dry-run sizes (CPU): tiny models, the MoE one with every part of the layer switched on
+DRY_RUN = {
+    "tiny": dict(vocab_size=512, seq_len=32, n_layer=2, n_embd=64, n_head=4, n_kv_head=2),
+    "tiny_deep": dict(vocab_size=512, seq_len=32, n_layer=3, n_embd=64, n_head=4),
+    "tiny_moe": dict(vocab_size=512, seq_len=32, n_layer=2, n_embd=64, n_head=4, n_kv_head=2,
+                     moe=dict(num_experts=4, top_k=2, expert_intermediate_size=64, num_shared_experts=1,
+                              bias_balancing=True)),
+}
+
+
+def size_config(name: str, seq: int) -> TransformerConfig:
+    """A named dense size, or an MoE recipe's model (``moe_0.5b`` -> ``recipes/moe_0.5b.yaml``)."""
+    recipe = ROOT / "recipes" / f"{name}.yaml"
+    if name.startswith("moe_") and recipe.exists():
+        model = dict(yaml.safe_load(recipe.read_text())["model"]["config"])
+        model.setdefault("vocab_size", 32000)
+        model["seq_len"] = seq
+        return TransformerConfig(**model)
+    return TransformerConfig.from_name(name, seq_len=seq)
 
 
 def preset(name: str):
@@ -85,6 +112,7 @@ def run_one(config: TransformerConfig, preset_name: str, args, device, peak_tflo
     def train_step(step: int) -> None:
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+        loss = loss + sum(model.aux_losses().values())  # MoE balancing losses (none for a dense model)
         guard.observe(loss, step, opt)  # device-side flag; fused AdamW skips a non-finite step on the device
         found = guard.poll()  # reads the flag only once it has arrived; never waits
         if found is not None:
@@ -141,7 +169,8 @@ def run_one(config: TransformerConfig, preset_name: str, args, device, peak_tflo
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="dense_0.12b,dense_1b")
+    parser.add_argument("--sizes", default=None, help="comma-separated (default dense_0.12b,dense_1b; dry run: "
+                        "tiny,tiny_deep; also moe_0.5b, moe_2b, tiny_moe)")
     parser.add_argument("--presets", default="baseline,unified")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=2048)
@@ -155,12 +184,9 @@ def main(argv=None) -> int:
     args.bf16 = device.type == "cuda"
     if args.dry_run:
         args.compile, args.steps, args.warmup, args.batch = False, 3, 1, 2
-        configs = {
-            "tiny": TransformerConfig(vocab_size=512, seq_len=32, n_layer=2, n_embd=64, n_head=4, n_kv_head=2),
-            "tiny_deep": TransformerConfig(vocab_size=512, seq_len=32, n_layer=3, n_embd=64, n_head=4),
-        }
+        configs = {name: TransformerConfig(**DRY_RUN[name]) for name in (args.sizes or "tiny,tiny_deep").split(",")}
     else:
-        configs = {name: TransformerConfig.from_name(name, seq_len=args.seq) for name in args.sizes.split(",")}
+        configs = {name: size_config(name, args.seq) for name in (args.sizes or "dense_0.12b,dense_1b").split(",")}
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
         with socket.socket() as s:

@@ -234,3 +234,21 @@ def test_every_expert_matmul_path_compiles_and_agrees(dtype, width):
         close(x.grad, gx)
         close(w.grad, gw)
         assert torch.equal(w.grad[1], torch.zeros_like(w.grad[1]))
+
+
+def test_gpu_check_runs_the_moe_layer(tmp_path):
+    """benchmarks/gpu_check.py's MoE path (the one that counts syncs per step on a GPU) runs this layer with
+    its aux losses in the loss, on one FSDP2 rank; on a CPU as a dry run."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run", "--sizes",
+                          "tiny_moe", "--presets", "baseline", "--out", str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]
+    assert (row["size"], row["preset"], row["finite"]) == ("tiny_moe", "baseline", True)
+    assert row["syncs"] is None and row["tokens_per_s"] > 0  # syncs are counted on CUDA only
