@@ -251,6 +251,55 @@ def test_weights_gradients_and_optimizer_state_exact_after_one_step(optimizer, m
     assert known and (planned.weights, planned.gradients, planned.optimizer) == (weights, grads, state)
 
 
+def _sharded_worker(rank: int, world: int, out: str) -> None:
+    """FSDP2 over ``world`` gloo ranks: rank 0's local bytes of weights, gradients and AdamW state after one step."""
+    import json
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from scalevec_lit.lit.parallel import ParallelOptions, parallelize
+    from scalevec_lit.model.config import MoEConfig
+    from scalevec_lit.model.transformer import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(vocab_size=4095, n_embd=72, n_head=4, n_kv_head=2, intermediate_size=100, moe=MoEConfig(**MOE)))
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("data_parallel",))
+    parallelize(model, mesh, ParallelOptions())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    idx = torch.randint(0, 4095, (2, 32))
+    torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), idx.flatten()).backward()
+    opt.step()
+    local = [p.to_local() for p in model.parameters()]
+    sizes = {"weights": sum(t.numel() * t.element_size() for t in local),
+             "gradients": sum(p.grad.to_local().numel() * p.grad.to_local().element_size() for p in model.parameters()),
+             "optimizer": sum(v.to_local().numel() * v.to_local().element_size() for st in opt.state.values()
+                              for k, v in st.items() if k != "step")}
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(sizes, f)
+
+
+def test_fsdp2_shards_of_weights_gradients_and_optimizer_state_as_planned(tmp_path):
+    """Rank 0 holds the largest shard (``ceil(rows / N)`` rows): its bytes are the plan's, exactly."""
+    import json
+
+    from helpers import spawn_gloo
+
+    from scalevec_lit.lit.plan import memory_of, optimizer_moments
+    from scalevec_lit.model.config import MoEConfig
+    from scalevec_lit.model.transformer import Transformer
+
+    out = tmp_path / "sizes.json"
+    spawn_gloo(_sharded_worker, 2, str(out))
+    config = tiny_config(vocab_size=4095, n_embd=72, n_head=4, n_kv_head=2, intermediate_size=100, moe=MoEConfig(**MOE))
+    with torch.device("meta"):
+        meta = Transformer(config)
+    moments, _, _ = optimizer_moments(torch.optim.AdamW(meta.parameters(), lr=1e-3))
+    planned = memory_of(meta, moments, 2, 4, 4, 1, False, True, meta.strategy)
+    assert json.loads(out.read_text()) == {"weights": planned.weights, "gradients": planned.gradients,
+                                           "optimizer": planned.optimizer}
+
+
 def test_shards_are_whole_rows_padded_to_equal_parts():
     from scalevec_lit.lit.plan import shard_numel
 

@@ -15,10 +15,11 @@ Per-device memory under the recipe's settings, with N the shard count (the data-
   not counted;
 - activations: what autograd saves for one micro-batch (``data.batch_size × model.config.seq_len`` tokens),
   counted per token by ``lit/activations.py`` (validated to 1% against a measured CPU run);
-- transient: the gathered bf16 parameters (the root's embedding and head during the whole forward, two
-  blocks at a time: the running one and the prefetched one) and one block's unsharded gradients, plus the
-  larger of the loss's peak (the fp32 logits' gradients) and, with activation checkpointing, nothing more
-  (the recomputed block is counted in the activations).
+- transient: the loss's peak at the start of the backward (the fp32 logits' gradients), and under FSDP2 the
+  gathered parameters in the compute dtype (the root's embedding and head, gathered for the whole forward;
+  two blocks at a time, the running one and the prefetched one, or every block with
+  ``model.parallel.reshard_after_forward: false``) and one block's unsharded gradients. With activation
+  checkpointing the recomputed block is counted in the activations.
 
 Not counted: the CUDA context and the communication buffers (about 1–3 GiB), allocator fragmentation,
 ``torch.compile``'s own workspace. A plan above 90% of the device memory is called tight.
@@ -114,6 +115,7 @@ class Plan:
     act_bytes: int
     master_bytes: int
     checkpointing: bool
+    reshard: bool
     compile: bool
     config: Any
     vocab_note: str
@@ -130,7 +132,7 @@ class Plan:
 
 
 def memory_of(model: torch.nn.Module, moments: dict[int, int], shards: int, master_bytes: int, act_bytes: int,
-              micro_tokens: int, checkpointing: bool, fsdp: bool, strategy: Any) -> Memory:
+              micro_tokens: int, checkpointing: bool, fsdp: bool, strategy: Any, reshard: bool = True) -> Memory:
     """Per-device bytes of ``model`` (built on the meta device) under the settings."""
     config = model.config
     params = list(dict.fromkeys(model.parameters()))
@@ -141,10 +143,12 @@ def memory_of(model: torch.nn.Module, moments: dict[int, int], shards: int, mast
     activations = micro_tokens * (blocks + head) + (max(block_saved_constant(config, strategy, i, act_bytes)
                                                         for i in range(config.n_layer)) if checkpointing else constant)
     transient = micro_tokens * loss_transient_per_token(config, act_bytes)
-    if fsdp:  # gathered copies in the compute dtype: the root (embedding, head) and two blocks; one block's grads
-        block_numel = max(sum(p.numel() for p in b.parameters()) for b in model.blocks)
-        root_numel = sum(p.numel() for p in params) - sum(p.numel() for b in model.blocks for p in b.parameters())
-        transient += (root_numel + 3 * block_numel) * act_bytes
+    if fsdp:  # gathered copies in the compute dtype: the root (embedding, head) and two blocks (every block when
+        # they are not resharded after the forward); one block's unsharded gradients
+        sizes = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
+        root_numel = sum(p.numel() for p in params) - sum(sizes)
+        gathered = 2 * max(sizes) if reshard else sum(sizes)
+        transient += (root_numel + gathered + max(sizes)) * act_bytes
     return Memory(weights, weights, optimizer, activations, transient)
 
 
@@ -215,6 +219,11 @@ def make_plan(cfg: Any, devices: Optional[int] = None, memory: Optional[str] = N
     strategy_path = str(_get(cfg, "trainer.strategy.class_path", _get(cfg, "trainer.strategy", "")))
     fsdp = "ModelParallelStrategy" in strategy_path
     dp = world
+    if not fsdp and "fsdp" in strategy_path.lower():
+        notes.append(f"{strategy_path}: Lightning's FSDP (FSDP1) is planned as a replica per device; the GPU "
+                     "recipes shard with ModelParallelStrategy (FSDP2)")
+    if not fsdp and world > 1:
+        notes.append("DDP keeps one more copy of the gradients (its buckets): not counted")
     if fsdp:
         dp, _ = data_parallel_size(world, _get(cfg, "trainer.strategy.init_args.data_parallel_size", "auto"),
                                    _get(cfg, "trainer.strategy.init_args.tensor_parallel_size", 1), per_node)
@@ -247,13 +256,14 @@ def make_plan(cfg: Any, devices: Optional[int] = None, memory: Optional[str] = N
                                  micro_batch=micro, data_parallel=dp, devices=per_node, num_nodes=nodes,
                                  accumulate_set=int(_get(cfg, "trainer.accumulate_grad_batches", 1) or 1))
     mem = memory_of(model, moments, dp if fsdp else 1, master_bytes, act_bytes, micro * seq_len,
-                    parallel.activation_checkpointing, fsdp, module.strategy)
+                    parallel.activation_checkpointing, fsdp, module.strategy, parallel.reshard_after_forward)
     budget, label = device_memory(memory)
     steps = _get(cfg, "trainer.max_steps")
     return Plan(
         recipes=", ".join(str(getattr(c, "relative", c)) for c in (_get(cfg, "config") or []) if c is not None),
         devices=world, devices_note=devices_note, shards=dp if fsdp else 1, fsdp=fsdp, act_bytes=act_bytes,
-        master_bytes=master_bytes, checkpointing=parallel.activation_checkpointing, compile=module.compile,
+        master_bytes=master_bytes, checkpointing=parallel.activation_checkpointing,
+        reshard=parallel.reshard_after_forward, compile=module.compile,
         config=module.config, vocab_note=vocab_note, count=count,
         flops_per_token=module.config.flops_per_token(seq_len, count.active_non_embedding), micro_tokens=micro * seq_len,
         batch=batch, max_steps=steps if isinstance(steps, int) and steps > 0 else None, optimizer=opt_text,
@@ -304,7 +314,9 @@ def format_plan(p: Plan) -> str:
             (f"optimizer ({p.optimizer}; {_dtype(p.master_bytes)}, {share})", m.optimizer),
             (f"activations ({p.micro_tokens:,} tokens per micro-batch, saved for the backward"
              + (", blocks checkpointed" if p.checkpointing else "") + ")", m.activations),
-            ("transient (loss peak" + (", gathered bf16 root + 2 blocks, 1 block's gradients" if p.fsdp else "") + ")",
+            ("transient (loss peak" + (f", gathered {_dtype(p.act_bytes)} root + "
+                                       + ("2 blocks" if p.reshard else "every block") + ", 1 block's gradients"
+                                       if p.fsdp else "") + ")",
              m.transient)]
     width = max(len(r[0]) for r in rows)
     lines.append("  memory per device:")
