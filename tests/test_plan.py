@@ -65,8 +65,6 @@ def _strategy(name: str):
 
 # -- parameters ------------------------------------------------------------------------------------------------
 def test_parameter_counts_exact_against_a_built_model(capfd, plans):
-    from scalevec_lit.lit.module import CausalLM  # noqa: F401  (the import the CLI makes anyway)
-
     code, text, plan = plans(capfd, ["--config", SMOKE, "--config", recipe("strategy", "unified.yaml"),
                                      "--model.config.vocab_size=512"])
     assert code == 0, text
@@ -168,7 +166,7 @@ def _alive_after_forward(model, idx) -> int:
 @pytest.mark.parametrize("moe", [None, MOE], ids=["dense", "moe"])
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_activations_alive_after_the_forward_with_and_without_checkpointing(moe, checkpointing):
-    from scalevec_lit.lit.activations import INT64, saved_per_token
+    from scalevec_lit.lit.activations import INT64, block_saved_per_token, saved_per_token
     from scalevec_lit.lit.parallel import ParallelOptions, parallelize
     from scalevec_lit.model.config import MoEConfig
     from scalevec_lit.model.transformer import Transformer
@@ -181,15 +179,9 @@ def test_activations_alive_after_the_forward_with_and_without_checkpointing(moe,
     alive = _alive_after_forward(model, idx)
     blocks, head = saved_per_token(config, model.strategy, 4, checkpointing)
     if checkpointing:  # the block inputs only; the recomputed block comes in the backward
-        blocks -= max(block_saved_per_token_all(config, model.strategy))
+        blocks -= max(block_saved_per_token(config, model.strategy, i, 4) for i in range(config.n_layer))
     estimate = idx.numel() * (blocks + head - INT64)  # the token ids existed before the forward
     assert abs(estimate - alive) <= TOLERANCE * alive, (estimate, alive)
-
-
-def block_saved_per_token_all(config, strategy) -> list[int]:
-    from scalevec_lit.lit.activations import block_saved_per_token
-
-    return [block_saved_per_token(config, strategy, i, 4) for i in range(config.n_layer)]
 
 
 def test_the_count_gives_the_benchmarked_bytes_per_token_per_block():
