@@ -1,6 +1,6 @@
 """Hugging Face architectures, one adapter each: the only place that knows a transformers architecture.
 
-Each file of this package (other than ``base``) holds one adapter, an ``HFArchitecture`` subclass decorated
+Each file of this package (other than ``base`` and ``_plan``) holds one adapter, an ``HFArchitecture`` subclass decorated
 with ``@register``: its weight names both ways, its ``config.json`` both ways, and what it holds or
 refuses (the fold plan). Export (``export/hf.py``, ``export/hf_plan.py``) and import
 (``hub/hf_import.py``) read only the registry below, so adding an architecture is one new file here; an
@@ -14,7 +14,8 @@ import importlib
 import pkgutil
 from typing import Optional
 
-from .base import NATIVE_HINT, HFArchitecture, ModelFacts, Refusals, facts_of, head_norm_weight
+from ._plan import NATIVE_HINT, ModelFacts, Refusals, facts_of, head_norm_weight
+from .base import HFArchitecture
 
 _REGISTRY: dict[str, HFArchitecture] = {}
 _discovered = False
