@@ -134,6 +134,29 @@ def test_moe_compiles_whole_without_host_reads_and_matches_eager(variant, dtype,
         assert want[0]["bias"].abs().sum() == 0 and any(s["bias"].abs().sum() > 0 for s in want)  # it moved
 
 
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
+def test_bias_balancing_compiles_whole_under_a_process_group(checkpointing):
+    """With a process group the queued load is summed over ranks in the forward (``all_reduce``, traced by
+    Dynamo as a functional collective: no break, no host read); one rank here, compiled equals eager."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        eager = build("shared", True, 1, "baseline", "softmax")
+        inner = copy.deepcopy(eager)
+        compiled, graphs = compile_counted(checkpoint_wrapper(inner, preserve_rng_state=False) if checkpointing
+                                           else inner)
+        xs = [torch.randn(2, 12, 64) for _ in range(3)]
+        want, got = train_steps(eager, eager, xs, torch.float32), train_steps(compiled, inner, xs, torch.float32)
+        assert_one_graph(graphs)
+        eps = torch.finfo(torch.float32).eps
+        for a, b in zip(got, want):
+            for key in a:
+                torch.testing.assert_close(a[key], b[key], rtol=16 * eps, atol=16 * eps * b[key].abs().max().item())
+    finally:
+        dist.destroy_process_group()
+
+
 # -- the grouping and the expert matmuls against the old algorithm ------------------------------------------
 def old_grouping(experts: torch.Tensor, num_experts: int):
     """What the layer did before: ``torch.bincount`` (its size depends on the values) and the same sort."""
