@@ -6,6 +6,10 @@ last training micro-batch of the logged step, averaged over data-parallel ranks 
 same number of tokens, so the mean of the ranks' fractions is the global fraction), and the load
 figures are computed from that global fraction.
 
+The layers compute these figures on the device at every forward; this callback reads them (one packed
+copy to the host, after one all-reduce) on logging steps only, and touches nothing on the other steps:
+the training step itself never waits for the device.
+
 Must not import the model (it reads attributes only) and must not change the model.
 """
 from __future__ import annotations

@@ -244,7 +244,10 @@ def test_every_expert_matmul_path_compiles_and_agrees(dtype, width):
     want = expert_matmul(x64, w64, offsets, "loop")
     gx, gw = torch.autograd.grad(want.sum(), [x64, w64])
     eps = torch.finfo(dtype).eps
-    close = lambda a, b: torch.testing.assert_close(a.double(), b, rtol=8 * eps, atol=8 * eps * b.abs().max().item())  # noqa: E731
+
+    def close(a, b):
+        torch.testing.assert_close(a.double(), b, rtol=8 * eps, atol=8 * eps * b.abs().max().item())
+
     for mode in ("auto", "loop"):
         x = x64.detach().to(dtype).requires_grad_()
         w = w64.detach().to(dtype).requires_grad_()
