@@ -45,10 +45,14 @@ def _diffs(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     sa, sb = ({**x, "vector": _full_args(x.get("vector"))} for x in (saved["strategy"], current["strategy"]))
     out += [f"model.strategy.{k}: checkpoint {sa.get(k)!r}, recipe {sb.get(k)!r}" for k in dict.fromkeys([*sa, *sb])
             if sa.get(k) != sb.get(k)]
-    if saved.get("block") != current.get("block"):
-        a, b = saved["block"], current["block"]
-        same = a["class_path"] == b["class_path"]
-        out.append(f"model.block: checkpoint {a if same else a['class_path']}, recipe {b if same else b['class_path']}")
+    a, b = _full_args(saved.get("block")), _full_args(current.get("block"))  # a default written out is the same
+    if a != b:
+        if a["class_path"] != b["class_path"]:
+            out.append(f"model.block: checkpoint {a['class_path']}, recipe {b['class_path']}")
+        else:  # the same class with other init_args: each differing argument
+            ia, ib = a.get("init_args") or {}, b.get("init_args") or {}
+            out += [f"model.block.init_args.{k}: checkpoint {ia.get(k)!r}, recipe {ib.get(k)!r}"
+                    for k in dict.fromkeys([*ia, *ib]) if ia.get(k) != ib.get(k)]
     return out
 
 
