@@ -9,6 +9,8 @@ activation checkpointing with bias balancing; the monitor's figures; an end-to-e
 """
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import math
 from pathlib import Path
@@ -343,7 +345,8 @@ def test_gpu_recipes_counts_on_meta(recipe_parser, recipe, total_range, active_r
     mesh = cfg.trainer.strategy.init_args  # pure FSDP2 over every device: the data-parallel size follows them
     assert (cfg.trainer.devices, mesh.data_parallel_size, mesh.tensor_parallel_size) == ("auto", "auto", 1)
     assert cfg.global_batch_tokens == 256 * 2048 and "accumulate_grad_batches" not in open(ROOT / "recipes" / recipe).read()
-    n = count_parameters(lm.config, lm.strategy, lm.block)
+    # the vocabulary follows the data's tokenizer; the named sizes count a 32k (Llama-style) one
+    n = count_parameters(dataclasses.replace(lm.config, vocab_size=32000), lm.strategy, lm.block)
     with capsys.disabled():
         print(f"\n{recipe}: {n.total / 1e9:.3f}B total, {n.active / 1e9:.3f}B active ({n.summary()})")
     assert 0.12e9 <= n.total <= 2.0e9  # the paper's range
