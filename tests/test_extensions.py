@@ -151,6 +151,9 @@ def test_resume_with_the_recipe_and_refused_without_it(trained, capfd):
     assert "another version of the model code" not in out
     cli = main(fit_args(data, root / "resumed", 3, "--config", str(RECIPES[name]), "--ckpt_path", str(trained["ckpt"])))
     assert cli.trainer.global_step == 3 and type(cli.model.model) is type(trained["model"])
+    validate = ["validate", *fit_args(data, root / "validated", 1, "--config", str(RECIPES[name]))[1:]]
+    cli = main([*validate, "--ckpt_path", str(trained["ckpt"])])  # validate/test read the checkpoint the same way
+    assert type(cli.model.model) is type(trained["model"]) and cli.trainer.callback_metrics["val/loss"] > 0
 
 
 def test_init_from_with_the_recipe_and_refused_without_it(trained, tmp_path, capfd):
@@ -249,3 +252,30 @@ def test_python_generate_without_a_usable_cache(what):
         generate(model, prompt, 8, use_cache=True)
     with pytest.raises(ValueError, match=re.escape(named)):
         model.forward_cached(prompt, model.new_cache())
+
+
+def _sharded_model(rank: int, world: int) -> None:
+    from extensions.models import TemperatureTransformer
+    from torch.distributed.fsdp import fully_shard
+
+    from helpers import tiny_config
+    from scalevec_lit.model.spec import check_rebuildable, spec_of
+    from scalevec_lit.model.transformer import count_parameters
+
+    model = TemperatureTransformer(tiny_config(), temperature_init=2.0)
+    full = count_parameters(model)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)  # the class becomes a generated FSDPTemperatureTransformer
+    assert sum(p.to_local().numel() for p in model.parameters()) < full.total
+    assert count_parameters(model) == full  # DTensors count their global size
+    spec = spec_of(model)
+    assert spec["model"] == {"class_path": "extensions.models.TemperatureTransformer",
+                             "init_args": {"temperature_init": 2.0}}
+    check_rebuildable(model, spec)
+
+
+def test_fsdp2_sharded_model_is_counted_and_recorded_as_its_own_class():
+    from helpers import spawn_gloo
+
+    spawn_gloo(_sharded_model, 2)
