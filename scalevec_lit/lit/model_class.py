@@ -64,7 +64,7 @@ def model_class(argv: list[str]) -> tuple[type, Optional[str]]:
     from .module import CausalLM
 
     path = chosen_class_path(argv)
-    if path is None or path in (class_path(CausalLM), "scalevec_lit.CausalLM", "scalevec_lit.lit.CausalLM"):
+    if path is None:
         return CausalLM, None
     try:
         cls = import_class(path)
