@@ -75,12 +75,16 @@ def check_config_files(argv: list[str]) -> None:
             raise UserError(where, "(YAML)", f"not valid YAML ({problem})", "fix the file at that line") from None
 
 
-def _get(ns: Any, dotted: str, default: Any = None) -> Any:
+def config_value(ns: Any, dotted: str, default: Any = None) -> Any:
+    """``ns["a"]["b"]`` for ``"a.b"`` in a parsed config (jsonargparse Namespace or dicts), ``default`` if absent."""
     for part in dotted.split("."):
         if ns is None:
             return default
         ns = ns.get(part) if hasattr(ns, "get") else getattr(ns, part, None)
     return default if ns is None else ns
+
+
+_get = config_value
 
 
 def _number(value: Any) -> Any:

@@ -34,6 +34,7 @@ from typing import Any, Optional
 
 import torch
 
+from ..checks import config_value as _get
 from ..errors import UserError, notice
 from .activations import block_saved_constant, loss_transient_per_token, saved_per_token
 
@@ -150,14 +151,6 @@ def memory_of(model: torch.nn.Module, moments: dict[int, int], shards: int, mast
         gathered = 2 * max(sizes) if reshard else sum(sizes)
         transient += (root_numel + gathered + max(sizes)) * act_bytes
     return Memory(weights, weights, optimizer, activations, transient)
-
-
-def _get(ns: Any, dotted: str, default: Any = None) -> Any:
-    for part in dotted.split("."):
-        if ns is None:
-            return default
-        ns = ns.get(part) if hasattr(ns, "get") else getattr(ns, part, None)
-    return default if ns is None else ns
 
 
 def _recipe_devices(cfg: Any) -> Optional[int]:
