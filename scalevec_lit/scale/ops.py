@@ -22,6 +22,11 @@ activation beyond what its neighbours save anyway.
   case only. Under ``torch.compile`` (no check: it would break the graph) the normalized input is always
   offered to the backward and the compiler's partitioner decides what to keep.
 
+Both stay autograd functions under ``torch.compile`` too: the plain torch composition in their place under
+compile was measured (benchmarks/compiled.py, 2026-12-04: inductor, dense and MoE smoke shapes) no faster
+within the noise, and ``group_norm_rope``'s made compiled unified save 2 MiB more (1.08× baseline instead
+of 1.06×; ``scaled_linear``'s changed nothing).
+
 Also the rotate-half RoPE (``apply_rope``) that both this module and the model use.
 
 Plain torch only: must not import Lightning or ``scalevec_lit.model``.
@@ -139,10 +144,6 @@ def scaled_linear(
     """``x @ cat_b(diag(row_b) W_b diag(col_b))ᵀ`` in one matmul; ``None`` scales are ones."""
     if len(weights) == 1 and col_scales[0] is None and row_scales[0] is None:
         return F.linear(x, weights[0])  # saves the parameter itself: nothing to recompute
-    if torch.compiler.is_compiling():
-        # plain torch under compile: the compiler sees the weight scaling and its gradients and fuses them;
-        # its partitioner keeps x and the (weight-sized) effective weight at most (benchmarks/compiled.py)
-        return F.linear(x, _effective_weight(weights, col_scales, row_scales))
     # several maps without scales still go through the function: a concatenated weight would be saved
     layout = tuple((g is not None, u is not None) for g, u in zip(col_scales, row_scales))
     distinct: list[torch.Tensor] = []
@@ -337,19 +338,4 @@ def group_norm_rope(
 ) -> torch.Tensor:
     """``RoPE(u ⊙ a / RMS(a))`` over the last dim of ``a`` ``[B, T, G, g]``; ``u`` is ``[G, g]`` or None,
     RoPE only when ``cos``/``sin`` are given."""
-    if torch.compiler.is_compiling():
-        return _group_norm_rope_plain(a, u, eps, cos, sin)
     return _GroupNormRope.apply(a, u, cos, sin, eps)
-
-
-def _group_norm_rope_plain(a, u, eps: float, cos, sin) -> torch.Tensor:
-    """The plain composition, for ``torch.compile``: the compiler fuses it and its autograd into a few
-    kernels and its partitioner chooses what to save (recomputing the cheap pointwise part from the input),
-    exact for every ``u`` with no host read; computed in fp32 for half inputs, as ``_GroupNormRope``."""
-    compute = _compute_dtype_of(a)
-    z = rms_norm(a, eps).to(compute)
-    if u is not None:
-        z = z * u.to(compute)
-    if cos is not None:
-        z = apply_rope(z, cos, sin)
-    return z.to(a.dtype)
