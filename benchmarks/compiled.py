@@ -15,6 +15,11 @@ compiled preset / compiled baseline, compiled baseline / compiled plain_llama); 
 and interquartile range over the rounds (warm-up rounds dropped). Memory: the bytes autograd saves for the
 backward in one step (``overhead.saved_bytes``: distinct storages, parameters excluded), deterministic.
 
+Targets (issue 24): compiled baseline ≤ 1.02× compiled plain_llama; compiled unified ≤ 1.02× compiled
+baseline in time and ≤ 1.01× in saved bytes; every preset's compiled step ≤ its eager step. A time target
+is printed "met" only when the ratio's upper quartile is within it, "missed" when the lower quartile is
+past it, "unresolved" when the IQR straddles it (the noise cannot decide).
+
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compiled.py --rounds 60
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compiled.py --family dense --rounds 100 --json out.json
 
