@@ -13,8 +13,9 @@ SIGINT (Ctrl-C), SIGTERM and SIGUSR1 mean "stop" whenever they arrive:
 - any other command (``prepare``, ``export``, ``import``, ``convert``, ``generate``, ``study``) stops at once;
   the commands that write a folder leave it as it was (they write into a temporary sibling).
 
-``install()`` is called first thing by ``python -m scalevec_lit`` (before Lightning is imported);
-``errors.run_guarded`` turns ``StopSignal`` (and a bare ``KeyboardInterrupt``) into the line and the exit code.
+``install_for_imports()`` is called first thing by ``python -m scalevec_lit`` (before Lightning is imported: a
+signal then prints its line and ends the process); ``errors.run_guarded`` calls ``install()`` when the command
+starts and turns ``StopSignal`` (and a bare ``KeyboardInterrupt``) into the line and the exit code.
 Plain Python: no torch, no Lightning.
 """
 from __future__ import annotations
@@ -87,6 +88,25 @@ def install(command: Optional[str] = None) -> dict[int, Any]:
     return previous
 
 
+def _exit_now(signum: int, frame: Any) -> None:
+    import os
+    import sys
+
+    sys.stderr.write(f"error: {describe(signum)}\n")
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+def install_for_imports(command: Optional[str] = None) -> None:
+    """While the command's modules are imported (nothing written yet): a stop signal prints its line and ends
+    the process at once; ``install`` (called by ``errors.run_guarded``) takes over when the command starts."""
+    _state.update(phase="start-up", step=None, pending=None, command=command)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _exit_now)
+
+
 def enter_command() -> bool:
     """Count a guarded command; ``True`` when it runs inside another (the outer one reports signals)."""
     _state["depth"] += 1
@@ -99,7 +119,7 @@ def leave_command() -> None:
 
 def restore(previous: dict[int, Any]) -> None:
     for signum, handler in previous.items():
-        if handler is not _handler:
+        if handler not in (_handler, _exit_now):
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 

@@ -66,7 +66,7 @@ def _strategy(name: str):
 # -- parameters ------------------------------------------------------------------------------------------------
 def test_parameter_counts_exact_against_a_built_model(capfd, plans):
     code, text, plan = plans(capfd, ["--config", SMOKE, "--config", recipe("strategy", "unified.yaml"),
-                                     "--model.config.vocab_size=512"])
+                                     "--model.config.vocab_size=8192"])
     assert code == 0, text
     from scalevec_lit.model.transformer import Transformer
     from scalevec_lit.scale.registry import scale_parameters
