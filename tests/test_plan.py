@@ -343,3 +343,15 @@ def test_a_plan_that_cannot_be_made_is_refused(capfd, plans, args, parts):
     assert code == 2 and len(errors) == 1 and "Traceback" not in text, text
     for part in parts:
         assert part in errors[0], (part, errors[0])
+
+
+def test_the_plan_counts_a_user_model_class(capfd, plans):
+    """``model.class_path`` (a CausalLM subclass from a user package): the plan counts the model it builds."""
+    from scalevec_lit.model.transformer import count_parameters
+
+    code, text, plan = plans(capfd, ["--config", SMOKE, "--config", str(ROOT / "tests" / "extensions" /
+                                                                        "temperature.yaml")])
+    assert code == 0, text
+    stock = count_parameters(plan.config).total
+    assert plan.count.total == stock + 1  # the subclass's learned temperature
+    assert f"{plan.count.total:,} total" in text

@@ -181,11 +181,15 @@ def build_module(cfg: Any, vocab: int):
 
     from .module import CausalLM
 
+    from ..model.spec import import_object
+
     section = cfg["model"].clone() if hasattr(cfg["model"], "clone") else cfg["model"]
     section["vocab_size"] = vocab
+    values = section.as_dict()
+    cls = import_object(values.pop("class_path")) if values.get("class_path") else CausalLM  # model.class_path
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_class_arguments(CausalLM, "model")
-    return parser.instantiate_classes(parser.parse_object({"model": section.as_dict()})).model
+    parser.add_class_arguments(cls, "model")
+    return parser.instantiate_classes(parser.parse_object({"model": values})).model
 
 
 def make_plan(cfg: Any, devices: Optional[int] = None, memory: Optional[str] = None) -> Plan:
