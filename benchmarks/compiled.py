@@ -38,7 +38,8 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import ROOT, PlainStep, ReferenceStep, batches, build_module, machine, quartiles, saved_bytes  # noqa: E402
+from overhead import (ROOT, PlainStep, ReferenceStep, batches, build_module, interleaved_times, machine,  # noqa: E402
+                      quartiles, saved_bytes)
 
 PRESETS = ["baseline", "unified", "no_scale"]
 
@@ -111,16 +112,7 @@ def bench(family: str, data_dir: str, rounds: int, warmup: int) -> dict:
         steps[name](data[0])
         steps[name](data[1])
         print(f"# {family} {name}: first two steps {time.perf_counter() - t:.1f} s", flush=True)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(warmup + rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        batch = data[r % len(data)]
-        for n in order:
-            t = time.perf_counter()
-            steps[n](batch)
-            dt_ = time.perf_counter() - t
-            if r >= warmup:
-                times[n].append(dt_)
+    times = interleaved_times(steps, names, data, rounds, warmup)
     out: dict = {"variants": {}, "ratios": {}, "wall_s": None}
     for n in names:
         saved, per_tb = saved_bytes(steps[n], data[0])

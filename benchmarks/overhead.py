@@ -200,6 +200,20 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
     return q[0], statistics.median(xs), q[2]
 
 
+def interleaved_times(steps: dict, names: list[str], data: list, rounds: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds per step of every variant, interleaved (the order rotates each round); warm-up rounds dropped."""
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(warmup + rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        batch = data[r % len(data)]
+        for n in order:
+            t0 = time.perf_counter()
+            steps[n](batch)
+            if r >= warmup:
+                times[n].append(time.perf_counter() - t0)
+    return times
+
+
 def bench_presets(presets: list[str], data_dir: str, rounds: int, warmup: int, batch_size: int,
                   shape: str = "smoke", reference: bool = False) -> dict:
     if "baseline" not in presets:
@@ -211,16 +225,7 @@ def bench_presets(presets: list[str], data_dir: str, rounds: int, warmup: int, b
     if reference:
         steps["plain_llama"] = ReferenceStep(steps["baseline"].module)
         presets = [*presets, "plain_llama"]
-    times: dict[str, list[float]] = {p: [] for p in presets}
-    for r in range(warmup + rounds):
-        order = presets[r % len(presets):] + presets[: r % len(presets)]
-        batch = data[r % len(data)]
-        for p in order:
-            t0 = time.perf_counter()
-            steps[p](batch)
-            t1 = time.perf_counter()
-            if r >= warmup:
-                times[p].append(t1 - t0)
+    times = interleaved_times(steps, presets, data, rounds, warmup)
     out = {}
     for p in presets:
         ratios = [a / b for a, b in zip(times[p], times["baseline"])] or [float("nan")] * 2  # --rounds 0: memory only
