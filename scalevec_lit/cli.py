@@ -85,7 +85,11 @@ class ScaleVecCLI(LightningCLI):
             from .lit.plan import print_plan
 
             sub = self.config[self.subcommand]
-            print_plan(sub, sub.get("plan_devices"), sub.get("plan_device_memory"))
+            plan = print_plan(sub, sub.get("plan_devices"), sub.get("plan_device_memory"))
+            if sub.get("plan_json"):
+                from .lit.plan import write_plan_json
+
+                write_plan_json(plan, sub, sub["plan_json"])
             raise SystemExit(0)
         # -- end of part G
         if self.subcommand is not None:
@@ -172,6 +176,9 @@ class ScaleVecCLI(LightningCLI):
                             help="devices to plan for (default: trainer.devices × trainer.num_nodes; auto: 8)")
         parser.add_argument("--plan_device_memory", type=Optional[str], default=None,
                             help="memory of one device: H100 (default), H200, A100 or a number of GiB")
+        parser.add_argument("--plan_json", type=Optional[str], default=None,
+                            help="with --print_plan: also write the plan as JSON to this file (read by "
+                                 "`study plan` for wall-time estimates)")
         # -- end of part G
         # -- issue 25 (H1): model.class_path (lit/model_class.py)
         from .lit.model_class import add_class_path_argument

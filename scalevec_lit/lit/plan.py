@@ -338,3 +338,19 @@ def print_plan(cfg: Any, devices: Optional[int] = None, memory: Optional[str] = 
                f"{plan.devices} devices; set --model.parallel.activation_checkpointing=true, lower data.batch_size "
                "or use more devices (--plan_devices=N to plan them)", kind="warning")
     return plan
+
+
+def write_plan_json(p: Plan, cfg: Any, path: str) -> None:
+    """The numbers of the plan that a wall-time estimate needs (``study/estimate.py``), as JSON."""
+    limit = _get(cfg, "trainer.limit_val_batches")
+    data = {
+        "recipes": p.recipes, "devices": p.devices, "flops_per_token": p.flops_per_token,
+        "params_total": p.count.total, "params_active": p.count.active, "micro_tokens": p.micro_tokens,
+        "data_parallel": p.batch.data_parallel if p.batch is not None else p.shards,
+        "tokens_per_step": p.batch.tokens if p.batch is not None else None, "max_steps": p.max_steps,
+        "val_check_interval": _get(cfg, "trainer.val_check_interval"),
+        "limit_val_batches": limit if isinstance(limit, (int, float)) else None,
+        "accelerator": str(_get(cfg, "trainer.accelerator", "")), "compile": p.compile,
+        "memory_total_bytes": p.memory.total, "memory_budget_bytes": p.memory_budget,
+    }
+    Path(path).write_text(json.dumps(data, indent=1))

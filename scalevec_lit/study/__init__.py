@@ -3,6 +3,8 @@ them with paired statistics.
 
 ``python -m scalevec_lit study run <study.yaml> [--parallel N] [--out DIR] [--dry-run] [--report]``
 ``python -m scalevec_lit study report <out dir> [--study <study.yaml>]``
+``python -m scalevec_lit study plan <study.yaml> [--devices 1 8] [--device H200] [--mfu 0.35]``: the expected
+wall time (``estimate``), also printed by ``study run`` before a GPU study starts.
 
 One file per job: ``spec`` (the study file and its grid, the ``fit`` command of a run), ``runner`` (run the
 grid resumably, record the code's commit), ``events`` (TensorBoard scalars, endpoints, complete runs),
@@ -39,15 +41,33 @@ def main(argv: Optional[list[str]] = None) -> int:
     p_run.add_argument("--data", default=None, help="a prepared data folder for every run (--data.data_dir)")
     p_run.add_argument("--allow-code-change", action="store_true",
                        help="continue a study whose earlier runs were made at another commit")
+    p_run.add_argument("--mfu", type=float, default=None, help="assumed model FLOPs utilization for the "
+                       "wall-time estimate of a GPU study (default 0.35)")
+    p_plan = sub.add_parser("plan", help="the expected wall time of a study, before it starts")
+    p_plan.add_argument("study")
+    p_plan.add_argument("--devices", type=int, nargs="+", default=[1, 8], help="device counts (default: 1 8)")
+    p_plan.add_argument("--device", default="H200", help="H200 (default), H100 or A100")
+    p_plan.add_argument("--mfu", type=float, default=None, help="assumed model FLOPs utilization (default 0.35)")
+    p_plan.add_argument("--out", default=None, help="runs folder (default: the study's `out`)")
     p_rep = sub.add_parser("report", help="write report.md and plots from complete runs")
     p_rep.add_argument("dir", help="the study's output folder (holding runs/) or the runs folder")
     p_rep.add_argument("--study", default=None, help="the study YAML (default: the copy saved in the runs folder)")
     args = parser.parse_args(argv)
+    if args.cmd == "plan":
+        from .estimate import DEFAULT_MFU, print_estimate
+
+        study = load_study(args.study)
+        print_estimate(study, Path(args.out or study.out), args.devices, args.device, args.mfu or DEFAULT_MFU)
+        return 0
     if args.cmd == "run":
         study = load_study(args.study)
         if args.data:
             study.args = [a for a in study.args if not a.startswith("--data.data_dir=")] + [f"--data.data_dir={args.data}"]
         out = Path(args.out or study.out)
+        if not args.dry_run:
+            from .estimate import DEFAULT_MFU, print_estimate
+
+            print_estimate(study, out, mfu=args.mfu or DEFAULT_MFU)
         failed = run_study(study, out, args.parallel, args.dry_run, args.allow_code_change, args.limit)
         if args.report and not failed and not args.dry_run:
             from .report import write_report
