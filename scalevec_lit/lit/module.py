@@ -23,6 +23,7 @@ from ..model.block import Block
 from ..model.config import TransformerConfig
 from ..model.spec import check_rebuildable, check_spec, model_spec
 from ..model.transformer import BlockFactory, Transformer, count_parameters
+from .norm_report import report_unregistered_norm_gains
 from ..scale.registry import DECAYED_BY, SCALE
 from ..scale.strategy import ScaleStrategy
 from . import nonfinite as nonfinite_check
@@ -320,6 +321,7 @@ class CausalLM(L.LightningModule):
         check_rebuildable(self.model, self.spec())  # a model its checkpoints would not rebuild: refused before training
         count = count_parameters(self.model)  # the model built (global sizes under FSDP2, also on the meta device)
         rank_zero_info(f"{type(self.model).__name__}: " + count.summary())
+        report_unregistered_norm_gains(self.model)  # a norm's 1-D gain that is not a scale vector: named, with the fix
         self._flops_per_token = self.config.flops_per_token(self.config.seq_len, count.active_non_embedding)
         if self.peak_tflops is None and self.device.type == "cuda":
             name = torch.cuda.get_device_name(self.device)
