@@ -26,6 +26,7 @@ from . import stats
 from .events import read_scalars, run_endpoint
 from .figures import plot_dynamics, plot_lr_sweep, plot_paired, plot_val
 from .runner import now
+from .secondary import report_section as secondary_section
 from .spec import DONE, VAL_TAG, Run, Study, fmt_lr, load_study
 
 SEPARATION = 2.0
@@ -316,6 +317,7 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
                      f"{_f(p['significant'])} / {_f(p['mde'])} | **{vd}** |")
         L += ["", _power_text(study, summary), ""]
     L += ["## Claims", "", *claim_sections]
+    L += secondary_section(study, runs, grid.best_key)
 
     # -- figures -----------------------------------------------------------------------------------------
     curves, labels, dyn_roots = {}, {}, {}

@@ -30,6 +30,7 @@ import yaml
 from ..stopsignal import StopSignal
 from .events import collect_done, endpoint, read_scalars, run_endpoint
 from .spec import CKPT_DIR, DONE, VAL_TAG, Run, Study, fit_command, fmt_lr, run_callbacks, run_dir
+from .secondary import endpoints_of, power_line
 from .stats import best_lr
 
 
@@ -147,6 +148,9 @@ def _finish(study: Study, run: Run, root: Path, rc: int, t0: float, provenance: 
             "train_tokens": int(tokens[-1]) if tokens else None,
             "wall_s_last_attempt": round(time.time() - t0, 1), "finished": now(), "code": provenance,
             "command": (root / "cmd.txt").read_text().strip()}
+    secondary = endpoints_of(root, study)
+    if secondary:
+        done["secondary"] = secondary
     if not study.keep_checkpoints:
         shutil.rmtree(root / CKPT_DIR, ignore_errors=True)
     _write_done(root, done)
@@ -188,6 +192,8 @@ def run_study(study: Study, out: Path, parallel: int = 1, dry_run: bool = False,
     lr_note = f"; LR {fmt_lr(study.lrs[0])} from study {study.lr_from['study']}" if study.lr_from else ""
     print(f"[study] {study.name}: {len(grid)} runs, {len(grid) - len([r for r in grid if not (out / r.rel() / DONE).exists()])} "
           f"complete, {len(todo)} to run ({parallel} at a time){lr_note}", flush=True)
+    if power_line(study):
+        print(f"[study] {power_line(study)}", flush=True)
     if not todo:  # nothing to run: no provenance check, no meta update
         return 0
     if dry_run:

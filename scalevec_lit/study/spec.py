@@ -22,7 +22,9 @@ A study YAML (see ``recipes/ablation/*.yaml``) names:
 - ``claims``: each a ``title``, optional ``reference`` (default ``baseline``), ``paper`` and ``note`` text and
   ``expect``: ``{variant: lower|higher}`` (the variant's endpoint vs the reference's);
 - ``preregistration``: free text, the hypothesis and decision rule written before the runs (quoted in the
-  report).
+  report);
+- ``secondary`` and ``power``: endpoints on other logged scalars and the pre-registered minimum detectable
+  effect (``secondary.py``).
 
 A run's folder is ``<out>/<variant>/seed<k>`` without an LR grid and ``<out>/<variant>/lr<lr>/seed<k>``
 with one. Plain Python + yaml: no torch, no Lightning.
@@ -44,7 +46,7 @@ LR_ARG = "--model.optimizer.init_args.lr"
 
 STUDY_KEYS = {"name", "base", "args", "seeds", "variants", "callbacks", "decay", "baseline", "out", "claims",
               "dynamics", "keep_checkpoints", "description", "lrs", "lr_arg", "lr_from", "endpoint_evals",
-              "primary", "alpha", "preregistration"}
+              "primary", "alpha", "preregistration", "secondary", "power"}
 VARIANT_KEYS = {"name", "configs", "args", "decay", "lrs"}
 
 
@@ -80,6 +82,8 @@ class Study:
     alpha: float = 0.05
     preregistration: str = ""
     description: str = ""
+    secondary: list[dict] = field(default_factory=list)  # secondary.py: other endpoints (e.g. sharpness)
+    power: Optional[dict] = None  # secondary.py: the pre-registered minimum detectable effect
 
     def variant(self, name: str) -> Variant:
         return next(v for v in self.variants if v.name == name)
@@ -151,6 +155,10 @@ def load_study(path: str | Path) -> Study:
         raise SystemExit(f"study: {path}: lr_from needs {{study: <name>, variant: <name>}}")
     if study.baseline not in names:
         raise SystemExit(f"study: {path}: the baseline {study.baseline!r} is not a variant")
+    from .secondary import check_power, check_secondary
+
+    study.secondary = check_secondary(raw.get("secondary"), path, names, study.baseline)
+    study.power = check_power(raw.get("power"), path, [s["tag"] for s in study.secondary])
     for c in study.claims:
         for n in list((c.get("expect") or {})) + [c.get("reference", study.baseline)]:
             if n not in names:

@@ -1,0 +1,155 @@
+"""Pre-registered secondary endpoints and power of a study.
+
+A study file may name, beside the validation-loss endpoint:
+
+- ``secondary``: a list of ``{tag, evals, expect, reference, name}``: the endpoint of a run on another
+  TensorBoard scalar (e.g. ``sharpness/precond_lambda_max`` from ``SharpnessMonitor``), the mean of its last
+  ``evals`` logged values (default 3), recorded in ``done.json`` under ``secondary``; the report compares
+  each variant against ``reference`` (default the study's baseline) paired by seed at the same LR (the
+  reference's best), with ``expect: {variant: lower|higher}`` deciding a verdict by the paired t-test;
+- ``power``: ``{mde, pilot_sd, level, endpoint, source}``: the minimum detectable effect the study is
+  designed for (on the primary endpoint, or on a secondary tag named by ``endpoint``), the paired std it
+  was sized from (``pilot_sd``, from an earlier study named in ``source``), and the power (``level``,
+  default 0.8). ``study run`` and the report state the seeds that design needs and whether the study has
+  them; after the runs the report gives the MDE at the observed paired std.
+
+Plain Python (no torch), like the rest of ``study/``.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+from . import stats
+
+SECONDARY_KEYS = {"tag", "evals", "expect", "reference", "name"}
+POWER_KEYS = {"mde", "pilot_sd", "level", "endpoint", "source"}
+
+
+def check_secondary(raw: object, path: Path, variants: list[str], baseline: str) -> list[dict]:
+    """The ``secondary`` list of a study file, checked (unknown keys, variants, directions)."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise SystemExit(f"study: {path}: secondary must be a list of {{tag, evals, expect}}, not {raw!r}")
+    out = []
+    for item in raw:
+        if not isinstance(item, dict) or "tag" not in item or set(item) - SECONDARY_KEYS:
+            raise SystemExit(f"study: {path}: a secondary endpoint needs `tag` and only "
+                             f"{sorted(SECONDARY_KEYS)} ({item!r})")
+        ref = item.get("reference", baseline)
+        for name, direction in (item.get("expect") or {}).items():
+            if name not in variants or ref not in variants:
+                raise SystemExit(f"study: {path}: secondary {item['tag']!r} names unknown variant "
+                                 f"{name if name not in variants else ref!r}")
+            if direction not in ("lower", "higher"):
+                raise SystemExit(f"study: {path}: secondary {item['tag']!r}: expect {name}: {direction!r} must be "
+                                 "lower or higher")
+        evals = int(item.get("evals", 3))
+        if evals < 1:
+            raise SystemExit(f"study: {path}: secondary {item['tag']!r}: evals must be at least 1")
+        out.append({"tag": str(item["tag"]), "evals": evals, "expect": dict(item.get("expect") or {}),
+                    "reference": ref, "name": str(item.get("name", item["tag"]))})
+    return out
+
+
+def check_power(raw: object, path: Path, tags: list[str]) -> Optional[dict]:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - POWER_KEYS or "mde" not in raw:
+        raise SystemExit(f"study: {path}: power needs `mde` and only {sorted(POWER_KEYS)} ({raw!r})")
+    mde, sd, level = float(raw["mde"]), raw.get("pilot_sd"), float(raw.get("level", 0.8))
+    if not (mde > 0 and math.isfinite(mde)) or not 0.5 <= level < 1.0:
+        raise SystemExit(f"study: {path}: power: mde must be > 0 and level in [0.5, 1) ({raw!r})")
+    endpoint = raw.get("endpoint", "primary")
+    if endpoint != "primary" and endpoint not in tags:
+        raise SystemExit(f"study: {path}: power.endpoint {endpoint!r} is neither `primary` nor a secondary tag "
+                         f"({tags})")
+    return {"mde": mde, "pilot_sd": None if sd is None else float(sd), "level": level, "endpoint": endpoint,
+            "source": str(raw.get("source", ""))}
+
+
+def seeds_needed(sd: float, mde: float, alpha: float = 0.05, level: float = 0.8, most: int = 1000) -> Optional[int]:
+    """The fewest pairs n for which the paired t-test's MDE, (t_{1-α/2,n-1} + t_{level,n-1}) · sd/√n, is at
+    most ``mde`` (``None`` beyond ``most``)."""
+    for n in range(2, most + 1):
+        if stats.detectable(sd, n, alpha, level)["mde"] <= mde:
+            return n
+    return None
+
+
+def power_line(study, seeds: Optional[int] = None) -> Optional[str]:
+    """One line: the pre-registered MDE, the seeds it needs at the pilot std, and the seeds the study has."""
+    p = getattr(study, "power", None)
+    if not p:
+        return None
+    on = "the primary endpoint" if p["endpoint"] == "primary" else f"`{p['endpoint']}`"
+    n_have = seeds if seeds is not None else len(study.seeds)
+    if p["pilot_sd"] is None:
+        return (f"Pre-registered minimum detectable effect on {on}: {p['mde']:g} at {p['level']:.0%} power "
+                f"(no pilot std given: the seeds are not sized; {n_have} seeds).")
+    need = seeds_needed(p["pilot_sd"], p["mde"], study.alpha, p["level"])
+    src = f" (from {p['source']})" if p["source"] else ""
+    verdict = ("enough" if need is not None and n_have >= need else "NOT enough: the study is underpowered for it")
+    return (f"Pre-registered minimum detectable effect on {on}: {p['mde']:g} at {p['level']:.0%} power, paired "
+            f"t-test at {study.alpha:g}, pilot paired std {p['pilot_sd']:g}{src}: needs "
+            f"{need if need is not None else '> 1000'} seeds; the study has {n_have}: {verdict}.")
+
+
+def endpoints_of(root: Path, study) -> dict:
+    """``{tag: endpoint}`` of a finished run's secondary tags (absent tags are left out)."""
+    specs = getattr(study, "secondary", None) or []
+    if not specs:
+        return {}
+    from .events import endpoint, read_scalars
+
+    logged = read_scalars(root, tuple(s["tag"] for s in specs))
+    out = {}
+    for s in specs:
+        series = logged.get(s["tag"], [])
+        if series:
+            out[s["tag"]] = endpoint(series, s["evals"])
+    return out
+
+
+def report_section(study, runs: dict, best_lr_of) -> list[str]:
+    """The report's section on the secondary endpoints and the power; ``best_lr_of(variant)`` gives the LR
+    (or ``None``) each variant is compared at."""
+    specs = getattr(study, "secondary", None) or []
+    lines: list[str] = []
+    if not specs and not getattr(study, "power", None):
+        return lines
+    lines += ["## Secondary endpoints (pre-registered)", ""]
+    pl = power_line(study)
+    if pl:
+        lines += [pl, ""]
+    for s in specs:
+        tag, ref = s["tag"], s["reference"]
+        per: dict[str, dict[int, float]] = {}
+        for r, d in runs.items():
+            if r.lr != best_lr_of(r.variant):
+                continue
+            e = (d.get("secondary") or {}).get(tag)
+            if e is not None and math.isfinite(float(e["value"])):
+                per.setdefault(r.variant, {})[r.seed] = float(e["value"])
+        lines += [f"### `{s['name']}`: mean of the last {s['evals']} values of `{tag}`", ""]
+        if not per:
+            lines += [f"No run logged `{tag}`.", ""]
+            continue
+        lines += ["| variant | seeds | mean ± std | vs reference: paired mean (CI) | p (t) | MDE 80% | verdict |",
+                  "|---|---|---|---|---|---|---|"]
+        for v in sorted(per, key=lambda name: (name != ref, name)):
+            vals = [per[v][k] for k in sorted(per[v])]
+            m, sd = stats.mean_std(vals)
+            if v == ref or ref not in per:
+                lines.append(f"| {v}{' (reference)' if v == ref else ''} | {len(vals)} | {m:.4g} ± {sd:.3g} | — | — | — | — |")
+                continue
+            p = stats.paired(per[v], per[ref], study.alpha)
+            expect = s["expect"].get(v)
+            vd = stats.verdict(p, expect, study.alpha, "t") if expect else "—"
+            lines.append(f"| {v} | {len(vals)} | {m:.4g} ± {sd:.3g} | {p['mean']:+.4g} ([{p['ci'][0]:+.3g}, "
+                         f"{p['ci'][1]:+.3g}]) | {p.get('p_t', float('nan')):.3f} | {p['mde']:.3g} | "
+                         f"{('**' + vd + '** (expected ' + expect + ')') if expect else vd} |")
+        lines += [""]
+    return lines
