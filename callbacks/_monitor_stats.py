@@ -55,6 +55,26 @@ def conserved_quantity(vector: ScaleVector, gamma: torch.Tensor, consumers: list
     return vector.conserved(total, gamma, parts)
 
 
+#: a channel is "near zero" when |γ_j| is below this fraction of RMS(γ) (relative, so that the share does not
+#: depend on γ's overall size)
+NEAR_ZERO = 0.05
+
+
+@torch.no_grad()
+def gamma_summary(gamma: torch.Tensor) -> dict[str, float]:
+    """The statistics of one effective γ: the monitor's ``STATS`` (mean, population std, min, max) and its shape:
+    ``rms`` = √mean γ², ``anisotropy`` = std(|γ|) / RMS(γ) (0 when every channel has the same size, toward 1
+    when a few channels hold all of it), ``near_zero`` = the share of channels with |γ_j| < ``NEAR_ZERO``·RMS(γ)."""
+    g = full_tensor(gamma).detach().double().reshape(-1).cpu()
+    row = dict(zip(STATS, tensor_statistics([g])[0].tolist()))
+    rms = float(g.square().mean().sqrt())
+    size = g.abs()
+    row["rms"] = rms
+    row["anisotropy"] = float(size.std(unbiased=False) / rms) if rms > 0 else 0.0
+    row["near_zero"] = float((size < NEAR_ZERO * rms).double().mean()) if rms > 0 else 1.0
+    return row
+
+
 def heatmap_data(vectors, gstats, precond) -> dict[str, tuple[list[str], list[str], dict[str, np.ndarray]]]:
     out = {}
     for role in sorted({info.role for info, _, _ in vectors.values()}):

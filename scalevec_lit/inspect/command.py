@@ -1,0 +1,89 @@
+"""``python -m scalevec_lit inspect PATH [--compare OTHER] [--out DIR]``: the scale vectors of a checkpoint or
+a Hugging Face model, per layer, site, branch and role, with their statistics, the conserved quantity of the
+input-role ones and how each would fold; a table per role on the terminal; with ``--out`` a CSV and a JSON
+of every row and PNG figures (``figures.py``). ``--compare`` puts a second model beside the first.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Optional
+
+from scalevec_lit.errors import UserError
+
+from .compare import align, check_comparable, compare_tables, pair_record
+from .load import Loaded, load, summary_line
+from .stats import Row, rows_of
+from .tables import role_tables, row_record, write_csv, write_json
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m scalevec_lit inspect",
+        description="Scale vectors of a checkpoint or a Hugging Face model: statistics, conserved quantity, fold.")
+    p.add_argument("path", metavar="PATH", help="a .ckpt of fit, a distributed checkpoint folder, a native export "
+                   "folder, or a local Hugging Face folder (Llama, Qwen3, Qwen3-MoE, Mixtral)")
+    p.add_argument("--compare", metavar="OTHER", default=None, help="a second model of the same depth, shown beside "
+                   "PATH (deltas are OTHER − PATH)")
+    p.add_argument("--out", metavar="DIR", default=None, help="write scales.csv / scales.json (compare.csv / "
+                   "compare.json with --compare) and PNG figures into this folder")
+    return p
+
+
+def _source(loaded: Loaded) -> dict[str, Any]:
+    return {"path": loaded.path, "kind": loaded.kind, "strategy": loaded.strategy, "n_layer": loaded.n_layer}
+
+
+def _check_out(out: Path, inputs: list[tuple[str, str]]) -> None:
+    from scalevec_lit.outdir import refuse_overlap
+
+    if out.exists() and not out.is_dir():
+        raise UserError("--out", repr(str(out)), "is a file, not a folder", "give a new or existing folder")
+    refuse_overlap(out, inputs, "--out", "inspect")
+
+
+def inspect(path: str, compare: Optional[str] = None, out: Optional[str] = None) -> tuple[str, list[str]]:
+    """Run the command; returns ``(text printed, files written under out)``."""
+    inputs = [("PATH", path)] + ([("--compare", compare)] if compare else [])
+    if out is not None:
+        _check_out(Path(out), inputs)  # before the long read
+    a = load(path, "PATH")
+    b = load(compare, "--compare") if compare else None
+    if b is not None:
+        check_comparable(a, b)
+    rows_a = rows_of(a.model)
+    rows_b: list[Row] = rows_of(b.model) if b is not None else []
+    pairs = align(rows_a, rows_b) if b is not None else None
+    if b is None:
+        text = f"{summary_line(a)}\n\n{role_tables(rows_a)}"
+    else:
+        text = f"A: {summary_line(a)}\nB: {summary_line(b)}\n\n{compare_tables(pairs, a, b)}"
+    written: list[str] = []
+    if out is not None:
+        folder = Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        if b is None:
+            records = [row_record(r) for r in rows_a]
+            write_csv(folder / "scales.csv", records)
+            write_json(folder / "scales.json", {"source": _source(a), "rows": records})
+            written += ["scales.csv", "scales.json"]
+        else:
+            records = [pair_record(p) for p in pairs]
+            write_csv(folder / "compare.csv", records)
+            write_json(folder / "compare.json", {"a": {**_source(a), "rows": [row_record(r) for r in rows_a]},
+                                                 "b": {**_source(b), "rows": [row_record(r) for r in rows_b]},
+                                                 "pairs": records})
+            written += ["compare.csv", "compare.json"]
+        from .figures import write_figures
+
+        sides = [(a.label, rows_a)] + ([(b.label, rows_b)] if b is not None else [])
+        written += write_figures(folder, a.n_layer, sides, pairs)
+    return text, written
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = _parser().parse_args(argv)
+    text, written = inspect(args.path, args.compare, args.out)
+    print(text)
+    if written:
+        print(f"\nwrote {args.out}: {', '.join(written)}")

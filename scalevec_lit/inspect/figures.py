@@ -1,0 +1,166 @@
+"""The PNG figures of ``inspect --out DIR`` (matplotlib, Agg backend, no display needed):
+
+- ``profile_<role>.png``: mean and RMS of γ per layer (x: layer00 … final), one line per site/branch; with
+  ``--compare`` A is drawn solid and B dashed in the same colour;
+- ``heatmap_<role>.png``: γ itself, one panel per site/branch, rows = layers (per-expert γ: one row per
+  layer and expert), columns = channels; with ``--compare``, ``heatmap_<role>_delta.png`` draws γ_B − γ_A
+  of every aligned pair of equal width on a diverging scale centred at 0.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from scalevec_lit.scale.sites import INPUT, layer_label
+
+from .stats import Row
+
+_EXPERT = re.compile(r"expert(\d+)$")
+
+
+def _figure(width: float, height: float):
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _x(layer: int, n_layer: int) -> int:
+    return n_layer if layer < 0 else layer
+
+
+def _panel_key(row: Row) -> str:
+    branch = "expert*" if _EXPERT.match(row.view.branch) else row.view.branch
+    return f"{row.view.site}/{branch}"
+
+
+def _roles(rows: list[Row]) -> list[str]:
+    return sorted({r.view.role for r in rows}, key=lambda r: r != INPUT)
+
+
+def profile_figure(path: Path, role: str, n_layer: int, sides: list[tuple[str, list[Row]]]) -> None:
+    """Mean and RMS of γ per layer, one line per site/branch (and per side when comparing)."""
+    fig = _figure(11, 4.2)
+    axes = fig.subplots(1, 2)
+    colours: dict[str, str] = {}
+    palette = [f"C{i}" for i in range(10)]
+    styles = ["-", "--"]
+    for (label, rows), style in zip(sides, styles):
+        lines: dict[str, list[Row]] = {}
+        for r in rows:
+            if r.view.role == role:
+                lines.setdefault(f"{r.view.site}/{r.view.branch}", []).append(r)
+        for name, members in lines.items():
+            colour = colours.setdefault(name, palette[len(colours) % len(palette)])
+            members.sort(key=lambda r: _x(r.view.layer, n_layer))
+            xs = [_x(r.view.layer, n_layer) for r in members]
+            for ax, stat in zip(axes, ("mean", "rms")):
+                ax.plot(xs, [r.stats[stat] for r in members], style, marker="o", ms=3, color=colour,
+                        label=f"{name}" + (f" ({label})" if len(sides) > 1 else ""))
+    ticks = list(range(n_layer + 1))
+    for ax, stat in zip(axes, ("mean of γ", "RMS of γ")):
+        ax.set_title(stat, fontsize=10)
+        ax.set_xticks(ticks, [layer_label(t if t < n_layer else -1) for t in ticks], rotation=90, fontsize=7)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
+    title = f"{role}-role scale vectors per layer"
+    if len(sides) > 1:
+        title += f" — {sides[0][0]} solid, {sides[1][0]} dashed"
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0, 0.8 if handles else 1, 0.93))
+    fig.savefig(path)
+
+
+def _grid(rows: list[Row], n_layer: int, values) -> tuple[list[str], np.ndarray]:
+    """Row labels and a [rows, channels] array (NaN where a layer has no such vector)."""
+    items = sorted(rows, key=lambda r: (_x(r.view.layer, n_layer), r.view.branch))
+    width = max(values(r).numel() for r in items)
+    grid = np.full((len(items), width), np.nan)
+    labels = []
+    for i, r in enumerate(items):
+        v = values(r).numpy()
+        grid[i, : v.size] = v
+        expert = _EXPERT.match(r.view.branch)
+        labels.append(r.view.layer_name + (f" e{expert.group(1)}" if expert else ""))
+    return labels, grid
+
+
+def heatmap_figure(path: Path, role: str, n_layer: int, rows: list[Row], title: str, values=None,
+                   diverging: bool = False) -> bool:
+    """γ (or ``values(row)``) per layer × channel, one panel per site/branch; False when nothing to draw."""
+    import matplotlib
+
+    values = values or (lambda r: r.gamma)
+    panels: dict[str, list[Row]] = {}
+    for r in rows:
+        if r.view.role == role and values(r) is not None:
+            panels.setdefault(_panel_key(r), []).append(r)
+    if not panels:
+        return False
+    n = len(panels)
+    cols = min(n, 3)
+    nrows = -(-n // cols)
+    tallest = max(len(m) for m in panels.values())
+    fig = _figure(5.2 * cols, nrows * (1.3 + 0.22 * tallest) + 0.6)
+    axes = fig.subplots(nrows, cols, squeeze=False).ravel()
+    for ax, (name, members) in zip(axes, panels.items()):
+        labels, grid = _grid(members, n_layer, values)
+        finite = grid[np.isfinite(grid)]
+        if diverging:
+            top = float(np.abs(finite).max()) if finite.size else 1.0
+            kw = dict(cmap="RdBu_r", vmin=-(top or 1.0), vmax=top or 1.0)
+        else:
+            kw = dict(cmap="viridis")
+        cmap = matplotlib.colormaps[kw.pop("cmap")].with_extremes(bad="0.85")
+        im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=cmap, **kw)
+        ax.set_yticks(range(len(labels)), labels, fontsize=6)
+        ax.set_xlabel("channel", fontsize=7)
+        ax.tick_params(axis="x", labelsize=6)
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+        ax.set_title(f"{name}  [{lo:.3g}, {hi:.3g}]", fontsize=8)
+        fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02).ax.tick_params(labelsize=6)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path)
+    return True
+
+
+def write_figures(out: Path, n_layer: int, sides: list[tuple[str, list[Row]]], pairs: Optional[list] = None) -> list[str]:
+    """Every figure for the rows of one model (or two, with their aligned ``pairs``); the file names."""
+    written = []
+    all_rows = [r for _, rows in sides for r in rows]
+    for role in _roles(all_rows):
+        name = f"profile_{role}.png"
+        profile_figure(out / name, role, n_layer, sides)
+        written.append(name)
+        for i, (label, rows) in enumerate(sides):
+            name = f"heatmap_{role}.png" if len(sides) == 1 else f"heatmap_{role}_{'AB'[i]}.png"
+            if heatmap_figure(out / name, role, n_layer, rows, f"{role}-role γ per layer × channel ({label})"):
+                written.append(name)
+        if pairs is not None:
+            deltas = [_DeltaRow(p) for p in pairs if p.gamma_delta is not None and p.any.view.role == role]
+            name = f"heatmap_{role}_delta.png"
+            if heatmap_figure(out / name, role, n_layer, deltas, f"{role}-role γ_B − γ_A per layer × channel",
+                              values=lambda r: r.gamma, diverging=True):
+                written.append(name)
+    return written
+
+
+class _DeltaRow:
+    """A pair drawn as a row whose γ is γ_B − γ_A (for ``heatmap_figure``)."""
+
+    def __init__(self, pair) -> None:
+        self.view = pair.b.view if pair.match.startswith("shared") else pair.a.view
+        self.gamma = pair.gamma_delta

@@ -1,0 +1,116 @@
+"""Reading what ``inspect`` looks at into a native model (fp32, CPU, eval mode), nothing written:
+
+- a single-file Lightning checkpoint (``*.ckpt`` of ``fit``, any strategy, dense or MoE), a distributed
+  checkpoint folder (``*.distcp`` + ``.metadata`` + ``meta.pt``) or a native export folder
+  (``scalevec_spec.json``): through ``export.checkpoint`` (``read_checkpoint`` + ``model_from_state``, the
+  model of the checkpoint's own spec), as ``generate`` and ``export`` read them;
+- a local Hugging Face folder (``config.json`` + safetensors) of an architecture ``import`` reads (Llama,
+  Qwen3, Qwen3-MoE, Mixtral), or one that ``export --format hf`` wrote: through ``hub.hf_import.load_hf``,
+  which builds the native model holding it exactly (one plain γ per norm; QK-norm as DNP on q/k with a
+  per-head u), so the roles are the library's own.
+
+Errors name the argument (``PATH`` or ``--compare``), the value and the fix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from scalevec_lit.errors import UserError, exit_code_for
+
+PATH_HINT = ("give a .ckpt file of fit, a distributed checkpoint folder, a native export folder "
+             "(scalevec_spec.json) or a local Hugging Face model folder (config.json + safetensors)")
+
+
+@dataclass
+class Loaded:
+    """A model to inspect and where it came from."""
+
+    model: nn.Module
+    path: str
+    kind: str  # checkpoint, distributed checkpoint, native folder, Hugging Face folder (<architecture>)
+    strategy: str  # one line: parameterization, placement, HG
+
+    @property
+    def n_layer(self) -> int:
+        return int(self.model.config.n_layer)
+
+    @property
+    def label(self) -> str:
+        return Path(self.path).name or self.path
+
+
+def describe_strategy(model: nn.Module) -> str:
+    s = getattr(model, "strategy", None)
+    if s is None:
+        return "unknown strategy"
+    vector = getattr(s.vector, "__name__", type(s.vector).__name__)
+    placement = {b: s.placement.of(b) for b in ("q", "k", "v", "gate", "up", "router")}
+    moved = ", ".join(f"{b}: {p}" for b, p in placement.items() if p != "input") or "all input"
+    return f"{vector}, placement {moved}{', branch-specific (HG)' if s.branch_specific else ''}"
+
+
+def _reworded(err: BaseException, key: str) -> UserError:
+    """A loader's error (``--ckpt: 'x': problem; fix``) with ``key`` in place of the loader's own flag."""
+    message = " ".join(str(err).split())
+    for prefix in ("--ckpt_path: ", "--ckpt: ", "--hf: "):
+        if message.startswith(prefix):
+            message = message[len(prefix):]
+            break
+    value, _, tail = message.partition(": ")
+    problem, _, fix = tail.rpartition("; ")
+    if not problem:
+        problem, fix = tail or message, PATH_HINT
+    return UserError(key, value, problem, fix, exit_code=exit_code_for(err) or 1)
+
+
+def load(path: str | Path, key: str = "PATH") -> Loaded:
+    """The native model of ``path`` (see the module docstring); ``key`` names the argument in errors."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(key, repr(str(path)), "does not exist", PATH_HINT)
+    if p.is_dir() and (p / "config.json").is_file() and not (p / "scalevec_spec.json").is_file():
+        return _load_hf(p, key)
+    return _load_native(p, key)
+
+
+def _load_hf(folder: Path, key: str) -> Loaded:
+    from scalevec_lit.hub.hf_import import load_hf
+
+    try:
+        model, arch = load_hf(folder)
+    except UserError as err:
+        if err.key == "--hf":
+            raise UserError(key, err.value, err.problem, err.fix, exit_code=err.exit_code) from None
+        raise
+    return Loaded(model, str(folder), f"Hugging Face folder ({arch})", describe_strategy(model))
+
+
+def _load_native(p: Path, key: str) -> Loaded:
+    from scalevec_lit.export.checkpoint import NATIVE_SPEC, model_from_state, read_checkpoint
+
+    if p.is_file() and p.suffix in (".json", ".safetensors", ".yaml", ".txt"):
+        raise UserError(key, repr(str(p)), f"is a {p.suffix} file, not a checkpoint",
+                        f"give the folder that holds it (for an exported or Hugging Face model), or {PATH_HINT}")
+    try:
+        spec, state = read_checkpoint(p)
+        model = model_from_state(spec, state)
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the loaders' user errors (ExportError, CheckpointError) get our key
+        if exit_code_for(err) is None:
+            raise
+        raise _reworded(err, key) from None
+    kind = ("native folder" if (p / NATIVE_SPEC).is_file() else "distributed checkpoint") if p.is_dir() else "checkpoint"
+    return Loaded(model, str(p), kind, describe_strategy(model))
+
+
+def summary_line(loaded: Loaded) -> str:
+    m = loaded.model
+    moe = getattr(m.config, "moe", None)
+    shape = f"{loaded.n_layer} layers, width {m.config.n_embd}"
+    if moe is not None:
+        shape += f", MoE {moe.num_experts} experts (top {moe.top_k})"
+    return f"{loaded.path}: {loaded.kind}; {shape}; {loaded.strategy}"

@@ -1,0 +1,130 @@
+"""The one place where ``inspect`` reads the scale sites: every scale vector of a model as a ``VectorView``
+(where it lives, its role, its parameterization, its effective γ, the weights that consume it) and what
+folding would do with it (``fold_plan``).
+
+Everything else in ``scalevec_lit/inspect/`` reads ``VectorView`` only, so a change of the site interface
+(``scalevec_lit/scale/``) touches this file alone. The registry (``scale_parameters``) gives the vectors,
+their roles and consumers; the fold targets the registry does not carry (the map after an absorbed
+normalized branch, the per-expert slices) are read from the site here, exactly as ``NormSite.fold_`` uses
+them (``tests/test_inspect.py`` folds the model and checks that exactly the named weights change).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import nn
+
+from scalevec_lit.scale.registry import scale_parameters
+from scalevec_lit.scale.sites import INPUT, Consumer, NormSite, OutputNorm, layer_label
+from scalevec_lit.scale.strategy import has_input_side
+from scalevec_lit.scale.vector import ScaleVector
+
+_EXPERT = re.compile(r"expert(\d+)$")
+
+
+@dataclass(frozen=True)
+class FoldTarget:
+    """One weight a scale folds into: ``axis`` ``columns`` (``W diag γ``) or ``rows`` (``diag u W``);
+    ``expert``: only that expert's slice of a stacked ``[E, out, in]`` weight."""
+
+    weight: str  # the parameter's qualified name in the model
+    axis: str  # columns, rows
+    expert: Optional[int] = None
+
+    def describe(self) -> str:
+        where = f"{self.weight}[{self.expert}]" if self.expert is not None else self.weight
+        return f"{self.axis} of {where}"
+
+
+@dataclass
+class VectorView:
+    """One scale vector of a model, as ``inspect`` reports it."""
+
+    layer: int
+    site: str
+    branch: str
+    role: str
+    parameterization: str  # the ScaleVector class name
+    names: list[str]  # its parameters' qualified names
+    vector: ScaleVector = field(repr=False)
+    consumers: Optional[list[Consumer]] = field(default=None, repr=False)  # the registry's (for the conservation law)
+    folds: bool = False
+    targets: list[FoldTarget] = field(default_factory=list)
+    reason: str = ""  # how it folds, or why not
+
+    @property
+    def layer_name(self) -> str:
+        return layer_label(self.layer)
+
+    @property
+    def key(self) -> tuple[int, str, str, str]:
+        return (self.layer, self.site, self.branch, self.role)
+
+
+def _names(model: nn.Module) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        out.setdefault(id(p), name)
+    return out
+
+
+def _weight_of(obj) -> torch.Tensor:
+    return obj.weight if isinstance(obj, nn.Module) else obj
+
+
+def scale_vectors(model: nn.Module) -> list[VectorView]:
+    """Every scale vector of ``model`` in module order (one row per vector, its parts together)."""
+    names = _names(model)
+    views: dict[int, VectorView] = {}
+    for sp in scale_parameters(model):
+        view = views.get(id(sp.vector))
+        if view is None:
+            info = sp.info
+            view = views[id(sp.vector)] = VectorView(
+                info.layer, info.site, info.branch, info.role, type(sp.vector).__name__, [], sp.vector,
+                list(sp.consumers) if sp.consumers else None)
+            _plan_fold(view, sp.site, names)
+        view.names.append(sp.name)
+    return list(views.values())
+
+
+def _plan_fold(view: VectorView, site, names: dict[int, str]) -> None:
+    """Fill ``folds``, ``targets`` and ``reason``: what ``fold_`` does with this vector, or why it keeps it."""
+    if isinstance(site, OutputNorm):
+        view.reason = ("a norm on the sublayer's output before the residual add: no linear map reads it, it stays "
+                       "as a norm weight")
+        return
+    if view.role != INPUT:
+        what = {"q": "q per head (QK-norm)", "k": "k per head (QK-norm)"}.get(view.branch, f"the {view.branch} output")
+        then = " then RoPE and the attention softmax" if view.branch in ("q", "k") else " then a nonlinearity"
+        view.reason = (f"a scale after the normalization of {what},{then}: no linear map absorbs it, it stays as a "
+                       "norm weight")
+        return
+    view.folds = True
+    if view.consumers:
+        for c in view.consumers:
+            axis = "columns" if c.axis % c.weight.ndim == c.weight.ndim - 1 else "rows"
+            view.targets.append(FoldTarget(names.get(id(c.weight), c.name), axis))
+        kind = "input-side γ" if view.targets[0].axis == "columns" else "un-normalized output-side u"
+        view.reason = f"{kind}: exactly into the {', '.join(t.describe() for t in view.targets)}"
+        return
+    expert = _EXPERT.match(view.branch)
+    if expert is not None and isinstance(site, NormSite):
+        e = int(expert.group(1))
+        for b in site.branches:
+            if b.experts and has_input_side(site.placement[b.name]):
+                view.targets.append(FoldTarget(names.get(id(site.weight(b.name)), b.name), "columns", e))
+        view.reason = f"per-expert γ: exactly into the {', '.join(t.describe() for t in view.targets)}"
+        return
+    next_maps = site.__dict__.get("_next_maps", {}) if isinstance(site, NormSite) else {}
+    if view.branch in next_maps:
+        w = _weight_of(next_maps[view.branch])
+        view.targets.append(FoldTarget(names.get(id(w), "?"), "columns"))
+        view.reason = (f"output-side u after the normalization of {view.branch}, read by a linear map: exactly into "
+                       f"the {view.targets[0].describe()}")
+        return
+    view.folds = False  # an input-role scale whose fold target this view cannot name: say so, do not guess
+    view.reason = "input role, but the site names no weight it folds into"
