@@ -36,6 +36,7 @@ EXTRA_COMMANDS = {
     "study": "scalevec_lit.study",
     "import": "scalevec_lit.hub.hf_import",  # a transformers checkpoint -> native (scalevec_lit/hub/)
     "convert": "scalevec_lit.hub.convert",  # a native checkpoint -> another scale strategy
+    "inspect": "scalevec_lit.inspect",  # scale vectors of a checkpoint or HF model: statistics, fold, figures
 }
 
 
