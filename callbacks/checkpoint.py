@@ -1,9 +1,11 @@
 """SafeModelCheckpoint: Lightning's ModelCheckpoint with a stable folder, atomic writes, one run per
 folder, and a checkpoint on SIGINT/SIGTERM/SIGUSR1.
 
-- ``dirpath`` defaults to ``<trainer.default_root_dir>/checkpoints`` (not the logger's version folder),
-  so ``--ckpt_path last`` finds the checkpoint of a killed run when it is started again, and it resumes
-  from the newest complete checkpoint there, whatever its name;
+- ``dirpath`` defaults to ``<trainer.default_root_dir>/checkpoints``, known before the run starts, so
+  ``--ckpt_path last`` finds the checkpoint of a killed run when it is started again, and it resumes
+  from the newest complete checkpoint there, whatever its name. Without a ``default_root_dir`` in the
+  recipe each run gets its own ``runs/<recipe>[/<config>...]/version_N`` (``scalevec_lit/lit/runfolder.py``),
+  events and checkpoints together, and ``--ckpt_path last`` picks the newest version holding a checkpoint;
 - files are written as ``<name>.tmp`` and renamed (``SafeCheckpointIO``, which the CLI installs on every
   trainer whose strategy uses the default torch checkpoint IO, and which turns an unreadable file into a
   ``CheckpointError`` naming it), distributed (DCP) checkpoint folders likewise (``replace_directory``),

@@ -98,6 +98,9 @@ class ScaleVecCLI(LightningCLI):
             from .lit.progress import drop_bars_when_disabled
 
             drop_bars_when_disabled(self.config[self.subcommand]["trainer"])
+            from .lit.runfolder import resolve_run_folder
+
+            resolve_run_folder(self.config[self.subcommand], self.subcommand)  # one folder per run (issue 26)
 
     def before_fit(self) -> None:
         from scalevec_lit.callbacks.checkpoint import lock_checkpoint_folders

@@ -1,0 +1,95 @@
+"""The README's Quick start, run in the order shown on a fresh copy, and the one-folder-per-run rule
+(``scalevec_lit/lit/runfolder.py``) that lets its second ``fit`` run after the first."""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+from jsonargparse import Namespace
+
+from helpers import ROOT
+
+from scalevec_lit.lit import runfolder
+
+
+# -- the folder rule, on a parsed config (no training) -------------------------------------------------------
+def _config(*configs: str, root=None, name="smoke", version=None, ckpt_path=None, logger=True) -> Namespace:
+    args = Namespace(save_dir="runs", name=name, version=version)
+    tb = Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger", init_args=args)
+    return Namespace(config=[Path(c) for c in configs], ckpt_path=ckpt_path,
+                     trainer=Namespace(default_root_dir=root, logger=tb if logger else False))
+
+
+@pytest.fixture()
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for key in ("WORLD_SIZE", "SLURM_NTASKS", "LOCAL_RANK", runfolder.ENV):
+        monkeypatch.delenv(key, raising=False)
+    return tmp_path
+
+
+def test_each_fresh_run_gets_the_next_version_of_its_recipe_and_strategy(in_tmp):
+    first, second = _config("recipes/smoke.yaml"), _config("recipes/smoke.yaml")
+    assert runfolder.resolve_run_folder(first, "fit") == Path("runs/smoke/version_0")
+    assert runfolder.resolve_run_folder(second, "fit") == Path("runs/smoke/version_1")
+    unified = _config("recipes/smoke.yaml", "recipes/strategy/unified.yaml")
+    assert runfolder.resolve_run_folder(unified, "fit") == Path("runs/smoke/unified/version_0")
+    # the logger writes into the same folder: save_dir/name/version_N
+    args = unified.trainer.logger.init_args
+    assert (args.save_dir, args.name, args.version) == ("runs/smoke", "unified", 0)
+    assert unified.trainer.default_root_dir == "runs/smoke/unified/version_0"
+
+
+def test_without_a_logger_name_the_first_config_names_the_recipe(in_tmp):
+    cfg = _config("my/recipe.yaml", "recipes/optim/muon_wsd.yaml", name="lightning_logs")
+    assert runfolder.resolve_run_folder(cfg, "fit") == Path("runs/recipe/muon_wsd/version_0")
+    assert runfolder.resolve_run_folder(_config("a.yaml", logger=False), "fit") == Path("runs/a/version_0")
+
+
+def test_ckpt_path_last_resumes_the_newest_version_holding_a_checkpoint(in_tmp):
+    for n in range(3):
+        (in_tmp / f"runs/smoke/version_{n}").mkdir(parents=True)
+    (in_tmp / "runs/smoke/version_1/checkpoints").mkdir()
+    (in_tmp / "runs/smoke/version_1/checkpoints/last.ckpt").write_bytes(b"")
+    (in_tmp / "runs/smoke/version_2/checkpoints").mkdir()  # a run stopped before its first checkpoint
+    (in_tmp / "runs/smoke/version_2/checkpoints/nonfinite.ckpt").write_bytes(b"")  # never a resume point
+    cfg = _config("recipes/smoke.yaml", ckpt_path="last")
+    assert runfolder.resolve_run_folder(cfg, "fit") == Path("runs/smoke/version_1")
+    assert cfg.trainer.logger.init_args.version == 1
+    # nothing of that strategy to resume: a new version of it, as Lightning starts afresh
+    other = _config("recipes/smoke.yaml", "recipes/strategy/unified.yaml", ckpt_path="last")
+    assert runfolder.resolve_run_folder(other, "fit") == Path("runs/smoke/unified/version_0")
+    # a fresh run never reuses a number, even an empty folder's
+    assert runfolder.resolve_run_folder(_config("recipes/smoke.yaml"), "fit") == Path("runs/smoke/version_3")
+
+
+def test_an_explicit_folder_or_version_keeps_full_control(in_tmp):
+    cfg = _config("recipes/smoke.yaml", root="elsewhere")
+    assert runfolder.resolve_run_folder(cfg, "fit") is None
+    assert cfg.trainer.default_root_dir == "elsewhere" and cfg.trainer.logger.init_args.version is None
+    assert not (in_tmp / "runs").exists()
+    named = _config("recipes/smoke.yaml", version="try3")
+    assert runfolder.resolve_run_folder(named, "fit") == Path("runs/smoke/try3")
+
+
+def test_ranks_started_together_share_the_stable_folder(in_tmp, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    cfg = _config("recipes/dense_1b.yaml", "recipes/strategy/unified.yaml", name="dense_1b", ckpt_path="last")
+    assert runfolder.resolve_run_folder(cfg, "fit") == Path("runs/dense_1b/unified")
+    assert cfg.trainer.logger.init_args.version is None  # the logger numbers its own versions inside it
+    assert not (in_tmp / "runs").exists()  # nothing claimed before the ranks can talk
+
+
+def test_processes_lightning_starts_reuse_their_parents_folder(in_tmp, monkeypatch):
+    import os
+
+    parent = _config("recipes/smoke.yaml")
+    folder = runfolder.resolve_run_folder(parent, "fit")
+    monkeypatch.setenv(runfolder.ENV, f"{os.getppid()}:{folder}")  # as a child of this process would see it
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert runfolder.resolve_run_folder(_config("recipes/smoke.yaml"), "fit") == folder
+    monkeypatch.setenv(runfolder.ENV, f"{os.getppid() + 1}:{folder}")  # set by another process: not ours
+    monkeypatch.delenv("WORLD_SIZE")
+    assert runfolder.resolve_run_folder(_config("recipes/smoke.yaml"), "fit") == Path("runs/smoke/version_1")
