@@ -91,3 +91,16 @@ def test_report_compares_secondary_endpoints_paired(tmp_path):
     row = next(line for line in section.splitlines() if line.startswith("| decay_none |"))
     assert f"{p['mean']:+.4g}" in row and "**holds** (expected higher)" in row
     assert "| iwd (reference) | 4 | 11.5 ±" in section
+
+
+@pytest.mark.parametrize("name,seeds", [("claim1_power_cpu", 12), ("claim1_power_0.12b", 4)])
+def test_shipped_power_studies_have_the_seeds_they_preregister(name, seeds):
+    root = Path(__file__).resolve().parents[1]
+    study = load_study(root / "recipes" / "ablation" / f"{name}.yaml")
+    assert len(study.seeds) == seeds and len(study.lrs) == 1 and study.primary == "best_lr"
+    assert {v.name for v in study.variants} == {"baseline", "no_scale"} and study.preregistration
+    need = seeds_needed(study.power["pilot_sd"], study.power["mde"], study.alpha, study.power["level"])
+    assert need <= len(study.seeds) and power_line(study).endswith(": enough.")
+    for v in study.variants:
+        for c in [*study.base, *v.configs]:
+            assert (root / c).is_file(), c
