@@ -1,4 +1,4 @@
-"""The command line: ``python -m scalevec_lit {fit,validate,test,prepare,export,generate,study,import,convert} ...``.
+"""The command line: ``python -m scalevec_lit {fit,validate,test,prepare,export,generate,study,import,convert,evaluate} ...``.
 
 ``fit``/``validate``/``test`` are LightningCLI subcommands over ``CausalLM`` and ``TokenDataModule``
 (YAML recipes, ``--print_config``); the data module's vocabulary and the model's sequence length are
@@ -36,6 +36,7 @@ EXTRA_COMMANDS = {
     "study": "scalevec_lit.study",
     "import": "scalevec_lit.hub.hf_import",  # a transformers checkpoint -> native (scalevec_lit/hub/)
     "convert": "scalevec_lit.hub.convert",  # a native checkpoint -> another scale strategy
+    "evaluate": "scalevec_lit.evaluate.cli",  # lm-eval tasks on a checkpoint or HF folder (the eval extra)
     "inspect": "scalevec_lit.inspect",  # scale vectors of a checkpoint or HF model: statistics, fold, figures
 }
 

@@ -1,0 +1,265 @@
+"""``ScaleVecLM``: a native model (any strategy, dense or MoE) and its tokenizer as an lm-eval ``LM``.
+
+- ``loglikelihood``: lm-eval's ``TemplateLM`` splits each ``(context, continuation)`` into tokens (an empty
+  context is the end-of-text token, the document separator the model was trained with); the pairs run in
+  batches, longest first, padded on the right, through the KV-cache-free forward (``Transformer.forward``).
+  A pair longer than the model's context (``model.config.seq_len``) loses tokens from the left, as lm-eval's
+  Hugging Face model does: the last ``seq_len + 1`` tokens are kept.
+- ``loglikelihood_rolling``: lm-eval's rolling windows of ``seq_len`` tokens, each token predicted once.
+- ``generate_until``: greedy decoding with the key/value cache (``model/cache.py``) until a stop sequence,
+  the end-of-text token or ``max_gen_toks``; the context keeps its last ``seq_len - max_gen_toks`` tokens.
+  Requests whose contexts have the same length decode together (the model has no padding mask).
+
+Several processes (``rank``/``world_size``, a ``torch.distributed`` group): lm-eval gives each rank its share
+of the documents and gathers the metrics through ``all_gather``/``gather_object``. A model sharded with FSDP2
+runs its forward collectively, so every rank runs as many forwards as the busiest one: before each forward
+the ranks agree (one all-reduce) whether any still has work, and a rank with none runs a one-token forward.
+A sharded model decodes without the cache (the cache path skips the root module's all-gather).
+
+Imports lm-eval (the ``eval`` extra): import it through ``scalevec_lit.evaluate``, which says how to install it.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import TemplateLM
+from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+DEFAULT_MAX_GEN_TOKS = 256
+
+
+class ScaleVecLM(TemplateLM):
+    """``model`` (a ``Transformer``, or an FSDP2-sharded one) with ``tokenizer`` (``data.tokenizer.Tokenizer``).
+
+    ``forward_context``: a context manager factory around every forward (e.g. Lightning's autocast);
+    ``use_cache``: decode with the key/value cache (default: when the model supports it and is not sharded).
+    """
+
+    def __init__(self, model, tokenizer, batch_size: int = 8, device: Optional[torch.device | str] = None,
+                 max_gen_toks: int = DEFAULT_MAX_GEN_TOKS, use_cache: Optional[bool] = None,
+                 forward_context: Optional[Callable[[], contextlib.AbstractContextManager]] = None,
+                 rank: int = 0, world_size: int = 1, name: str = "scalevec_lit") -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size: {batch_size}: must be at least 1")
+        self.model, self.tok, self.name = model, tokenizer, name
+        self.batch_size = int(batch_size)
+        self._device = torch.device(device) if device is not None else next(model.parameters()).device
+        self._max_gen_toks = int(max_gen_toks)
+        self._rank, self._world_size = int(rank), int(world_size)
+        self.forward_context = forward_context or contextlib.nullcontext
+        self.use_cache = self._cache_usable() if use_cache is None else bool(use_cache)
+        self.forwards = 0  #: forwards run (real and, with several ranks, the one-token ones that keep step)
+
+    # -- what lm-eval asks of a model -------------------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        return self.tok.eos_id
+
+    @property
+    def max_length(self) -> int:
+        return int(self.model.config.seq_len)
+
+    @property
+    def max_gen_toks(self) -> int:
+        return self._max_gen_toks
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(self.tok.path)
+
+    def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs) -> list[int]:
+        return self.tok.encode(string, eos=False)
+
+    def tok_decode(self, tokens: list[int]) -> str:
+        return self.tok.decode(tokens)
+
+    def get_model_info(self) -> dict:
+        params = getattr(self.model, "num_parameters", None)
+        count = sum(p.numel() for p in self.model.parameters())
+        return {"model_num_parameters": int(params() if callable(params) else count),
+                "model_dtype": str(next(self.model.parameters()).dtype), "model_name": self.name}
+
+    # -- several processes ------------------------------------------------------------------------------
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1:
+            return tensor
+        import torch.distributed as dist
+
+        tensor = tensor.to(self.device)
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor)
+        return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
+
+    def gather_object(self, obj, dst: int = 0):
+        if self.world_size == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out if self.rank == dst else None
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            self._keep_step()
+            dist.barrier()
+
+    def _any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank (every rank calls it the same number of times)."""
+        if self.world_size == 1:
+            return flag
+        import torch.distributed as dist
+
+        t = torch.tensor([1 if flag else 0], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def _keep_step(self) -> None:
+        """A rank with no work left runs one-token forwards while any other rank still runs its own."""
+        while self._any_rank(False):
+            self._run(torch.full((1, 1), self.eot_token_id, dtype=torch.long, device=self.device))
+
+    # -- the model --------------------------------------------------------------------------------------
+    def _cache_usable(self) -> bool:
+        from ..model.cache import cache_unsupported
+
+        try:
+            from torch.distributed.fsdp import FSDPModule
+        except ImportError:  # pragma: no cover - torch without FSDP2
+            FSDPModule = ()
+        return not isinstance(self.model, FSDPModule) and cache_unsupported(self.model) is None
+
+    @torch.no_grad()
+    def _run(self, idx: torch.Tensor, cache=None) -> torch.Tensor:
+        self.forwards += 1
+        with self.forward_context():
+            logits = self.model(idx) if cache is None else self.model.forward_cached(idx, cache)
+        return logits if logits.dtype == torch.float64 else logits.float()
+
+    def _forward(self, idx: torch.Tensor, cache=None) -> torch.Tensor:
+        """Logits of ``idx`` (the only place real work runs: with several ranks, agreed on first)."""
+        self._any_rank(True)
+        return self._run(idx, cache)
+
+    # -- log-likelihoods --------------------------------------------------------------------------------
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        """``(sum of log p(continuation | context), whether greedy decoding gives the continuation)`` per
+        ``(key, context tokens, continuation tokens)``."""
+        L = self.max_length
+        rows = []
+        for _, context, continuation in requests:
+            if not continuation:
+                raise ValueError("lm-eval gave an empty continuation to score")
+            if len(continuation) > L:
+                raise ValueError(f"a continuation of {len(continuation)} tokens is longer than the model's context "
+                                 f"({L} tokens, model.config.seq_len): it cannot be scored")
+            whole = (list(context) + list(continuation))[-(L + 1):]  # truncated from the left, as lm-eval's HF model
+            rows.append((whole[:-1], list(continuation)))
+        order = sorted(range(len(rows)), key=lambda i: (-len(rows[i][0]), i))
+        out: list[Optional[tuple[float, bool]]] = [None] * len(rows)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start:start + self.batch_size]
+            width = len(rows[chunk[0]][0])
+            idx = torch.full((len(chunk), width), self.eot_token_id, dtype=torch.long)
+            for r, i in enumerate(chunk):
+                idx[r, :len(rows[i][0])] = torch.tensor(rows[i][0])
+            logp = F.log_softmax(self._forward(idx.to(self.device)), dim=-1)
+            for r, i in enumerate(chunk):
+                inp, cont = rows[i]
+                n, k = len(inp), len(cont)
+                lp = logp[r, n - k:n]  # position j predicts token j + 1: the last k positions predict the continuation
+                target = torch.tensor(cont, device=lp.device)
+                out[i] = (float(lp.gather(-1, target[:, None]).sum()), bool((lp.argmax(-1) == target).all()))
+        return out  # type: ignore[return-value]
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        out = super().loglikelihood(requests, disable_tqdm=True)
+        for req, res in zip(requests, out):
+            self.cache_hook.add_partial("loglikelihood", req.args, res)
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        windows, owner = [], []
+        for i, req in enumerate(requests):
+            (string,) = req.args
+            for context, pred in map(make_disjoint_window, get_rolling_token_windows(
+                    token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length, context_len=1)):
+                windows.append((None, context, pred))
+                owner.append(i)
+        totals = [0.0] * len(requests)
+        for i, (logprob, _) in zip(owner, self._loglikelihood_tokens(windows)):
+            totals[i] += logprob
+        for req, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+        return totals
+
+    # -- greedy generation ------------------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        eos = self.tok_decode([self.eot_token_id])
+        groups: dict[str, list[int]] = {}
+        for i, req in enumerate(requests):
+            groups.setdefault(json.dumps(req.args[1], sort_keys=True, default=str), []).append(i)
+        out: list[str] = [""] * len(requests)
+        for members in groups.values():
+            kwargs = normalize_gen_kwargs(requests[members[0]].args[1], self.max_gen_toks)
+            until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
+            max_gen = int(kwargs.pop("max_gen_toks"))
+            room = self.max_length - max_gen
+            if room < 1:
+                raise ValueError(f"max_gen_toks: {max_gen}: leaves no room for a context in the model's "
+                                 f"{self.max_length} tokens (model.config.seq_len); lower the task's "
+                                 "generation_kwargs.max_gen_toks")
+            contexts = {i: self.tok_encode(requests[i].args[0])[-room:] or [self.eot_token_id] for i in members}
+            order = sorted(members, key=lambda i: (-len(contexts[i]), i))
+            start = 0
+            while start < len(order):  # a batch: consecutive requests whose contexts have the same length
+                end = start + 1
+                while (end < len(order) and end - start < self.batch_size
+                       and len(contexts[order[end]]) == len(contexts[order[start]])):
+                    end += 1
+                batch = order[start:end]
+                for i, text in zip(batch, self._greedy([contexts[i] for i in batch], until, max_gen)):
+                    out[i] = text
+                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
+                start = end
+        return out
+
+    def _greedy(self, contexts: list[list[int]], until: list[str], max_gen: int) -> list[str]:
+        """Greedy continuations of equal-length ``contexts``, cut at the first stop sequence."""
+        idx = torch.tensor(contexts, dtype=torch.long, device=self.device)
+        cache = self.model.new_cache(idx.shape[1] + max_gen) if self.use_cache else None
+        logits = self._forward(idx, cache)[:, -1]
+        seq = idx
+        new: list[list[int]] = [[] for _ in contexts]
+        done = [False] * len(contexts)
+        for step in range(max_gen):
+            token = logits.argmax(-1)
+            for r, t in enumerate(token.tolist()):
+                if done[r]:
+                    continue
+                if t == self.eot_token_id:
+                    done[r] = True
+                    continue
+                new[r].append(t)
+                done[r] = any(s and s in self.tok_decode(new[r]) for s in until)
+            if all(done) or step == max_gen - 1:
+                break
+            seq = torch.cat([seq, token[:, None]], dim=1)  # a finished row's tokens are run but not kept
+            logits = (self._forward(token[:, None], cache) if cache is not None else self._forward(seq))[:, -1]
+        texts = []
+        for ids in new:
+            text = self.tok_decode(ids)
+            for s in until:
+                if s:
+                    text = text.split(s)[0]
+            texts.append(text)
+        return texts
