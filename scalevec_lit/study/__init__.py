@@ -67,7 +67,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not args.dry_run:
             from .estimate import DEFAULT_MFU, print_estimate
 
-            print_estimate(study, out, mfu=args.mfu or DEFAULT_MFU)
+            print_estimate(study, out, mfu=args.mfu or DEFAULT_MFU, power=False)  # run_study states it
         failed = run_study(study, out, args.parallel, args.dry_run, args.allow_code_change, args.limit)
         if args.report and not failed and not args.dry_run:
             from .report import write_report

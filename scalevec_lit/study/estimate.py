@@ -155,10 +155,10 @@ def is_gpu_study(plan_or_study) -> bool:
 
 
 def print_estimate(study: Study, out: Path, devices: Optional[list[int]] = None, device: str = "H200",
-                   mfu: float = DEFAULT_MFU) -> None:
+                   mfu: float = DEFAULT_MFU, power: bool = True) -> None:
     from .secondary import power_line
 
-    if power_line(study):
+    if power and power_line(study):
         print(f"[study] {power_line(study)}", flush=True)
     if is_gpu_study(study):
         print(format_gpu(gpu_estimate(study, devices or [1, 8], device, mfu), study), flush=True)
