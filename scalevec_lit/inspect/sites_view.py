@@ -10,7 +10,6 @@ them (``tests/test_inspect.py`` folds the model and checks that exactly the name
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -22,7 +21,6 @@ from scalevec_lit.scale.sites import INPUT, Consumer, NormSite, OutputNorm, laye
 from scalevec_lit.scale.strategy import has_input_side
 from scalevec_lit.scale.vector import ScaleVector
 
-_EXPERT = re.compile(r"expert(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -64,11 +62,20 @@ class VectorView:
         return (self.layer, self.site, self.branch, self.role)
 
 
-def _names(model: nn.Module) -> dict[int, str]:
-    out: dict[int, str] = {}
+def _names(model: nn.Module) -> dict[int, list[str]]:
+    """``id(parameter)`` → its qualified names (several for a tied weight: the embedding and the head)."""
+    out: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
-        out.setdefault(id(p), name)
+        out.setdefault(id(p), []).append(name)
     return out
+
+
+def _name(names: dict[int, list[str]], weight: torch.Tensor, branch: str) -> str:
+    """The name of ``weight`` as the consumer ``branch`` holds it (a tied head is ``final.proj.head.weight``,
+    not ``embed.weight``: folding unties it and changes the head only)."""
+    found = names.get(id(weight), [])
+    mine = [n for n in found if f".{branch}." in f".{n}"]
+    return (mine or found or [branch])[0]
 
 
 def _weight_of(obj) -> torch.Tensor:
@@ -91,7 +98,7 @@ def scale_vectors(model: nn.Module) -> list[VectorView]:
     return list(views.values())
 
 
-def _plan_fold(view: VectorView, site, names: dict[int, str]) -> None:
+def _plan_fold(view: VectorView, site, names: dict[int, list[str]]) -> None:
     """Fill ``folds``, ``targets`` and ``reason``: what ``fold_`` does with this vector, or why it keeps it."""
     if isinstance(site, OutputNorm):
         view.reason = ("a norm on the sublayer's output before the residual add: no linear map reads it, it stays "
@@ -104,27 +111,50 @@ def _plan_fold(view: VectorView, site, names: dict[int, str]) -> None:
                        "norm weight")
         return
     view.folds = True
-    if view.consumers:
-        for c in view.consumers:
-            axis = "columns" if c.axis % c.weight.ndim == c.weight.ndim - 1 else "rows"
-            view.targets.append(FoldTarget(names.get(id(c.weight), c.name), axis))
-        kind = "input-side γ" if view.targets[0].axis == "columns" else "un-normalized output-side u"
-        view.reason = f"{kind}: exactly into the {', '.join(t.describe() for t in view.targets)}"
-        return
-    expert = _EXPERT.match(view.branch)
-    if expert is not None and isinstance(site, NormSite):
-        e = int(expert.group(1))
-        for b in site.branches:
-            if b.experts and has_input_side(site.placement[b.name]):
-                view.targets.append(FoldTarget(names.get(id(site.weight(b.name)), b.name), "columns", e))
-        view.reason = f"per-expert γ: exactly into the {', '.join(t.describe() for t in view.targets)}"
-        return
-    next_maps = site.__dict__.get("_next_maps", {}) if isinstance(site, NormSite) else {}
-    if view.branch in next_maps:
-        w = _weight_of(next_maps[view.branch])
-        view.targets.append(FoldTarget(names.get(id(w), "?"), "columns"))
-        view.reason = (f"output-side u after the normalization of {view.branch}, read by a linear map: exactly into "
-                       f"the {view.targets[0].describe()}")
-        return
+    if isinstance(site, NormSite):
+        found = _targets(site, view.vector, names)
+        if found is not None:
+            view.targets, kind = found
+            view.reason = f"{kind}: exactly into the {', '.join(t.describe() for t in view.targets)}"
+            return
     view.folds = False  # an input-role scale whose fold target this view cannot name: say so, do not guess
     view.reason = "input role, but the site names no weight it folds into"
+
+
+def _targets(site: NormSite, vector: ScaleVector, names) -> Optional[tuple[list[FoldTarget], str]]:
+    """The weights ``site.fold_()`` folds ``vector`` into, and what kind of scale it is (``None``: not found)."""
+    if not hasattr(site, "factors"):  # the site interface before ``factors`` / ``input_scales`` (scale/ of Dec 4)
+        return _targets_before_factors(site, vector, names)
+    for scale in site.input_scales():
+        if scale.vector is vector:
+            targets = [FoldTarget(_name(names, site.weight(b), b), "columns", scale.expert) for b in scale.branches]
+            return targets, "per-expert γ" if scale.expert is not None else "input-side γ"
+    for b in site.branches:
+        if site.output_vector(b.name) is vector:
+            f = site.factors(b.name)
+            if not f.normalized:
+                return [FoldTarget(_name(names, f.weight, b.name), "rows")], "un-normalized output-side u"
+            if f.absorbed_by is not None:
+                return ([FoldTarget(_name(names, f.absorbed_by, ""), "columns")],
+                        f"output-side u after the normalization of {b.name}, read by a linear map")
+    return None
+
+
+def _targets_before_factors(site: NormSite, vector: ScaleVector, names) -> Optional[tuple[list[FoldTarget], str]]:
+    for key, vec in site.scales.items():
+        if vec is vector:
+            return ([FoldTarget(_name(names, site.weight(b.name), b.name), "columns") for b in site.branches
+                     if site.key[b.name] == key], "input-side γ")
+    for e, vec in enumerate(site.expert_scales or ()):
+        if vec is vector:
+            return ([FoldTarget(_name(names, site.weight(b.name), b.name), "columns", e) for b in site.branches
+                     if b.experts and has_input_side(site.placement[b.name])], "per-expert γ")
+    next_maps = site.__dict__.get("_next_maps", {})
+    for b in site.branches:
+        if site.proj[b.name].out_scale is vector:
+            if not site.normalizes(b.name):
+                return [FoldTarget(_name(names, site.weight(b.name), b.name), "rows")], "un-normalized output-side u"
+            if b.name in next_maps:
+                return ([FoldTarget(_name(names, _weight_of(next_maps[b.name]), ""), "columns")],
+                        f"output-side u after the normalization of {b.name}, read by a linear map")
+    return None

@@ -1,0 +1,199 @@
+"""``python -m scalevec_lit inspect``: every scale vector of our own checkpoints (dense and MoE, several strategies)
+and of tiny transformers models (Llama, Qwen3, Qwen3-MoE, Mixtral) with its layer, site, branch and role, the
+monitor's statistics, the conserved quantity of input-role scales and the fold verdict; figures; --compare;
+bad input.
+
+Tolerances: every number is computed in float64 from the same float32 parameters as the direct computation here,
+so the two differ only by the order of floating-point sums: a sum of n ≤ 4096 terms moves by at most n·u relative
+to the sum of |terms| (u = 2^-53), below 1e-12 relative to the largest magnitude involved (REL).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import io
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_generate import perturbed, spec_for, write_ckpt
+from scalevec_lit.inspect import inspect, load, rows_of
+from scalevec_lit.scale.fold import fold_scales
+
+REL = 1e-12
+HF_ARCHS = ["LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM"]
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+
+
+def close(a: float, b: float, scale: float = 1.0) -> bool:
+    return abs(a - b) <= REL * max(abs(a), abs(b), scale)
+
+
+def run_main(argv: list[str]) -> tuple[int, str, str]:
+    from scalevec_lit.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(["inspect", *argv])
+        except SystemExit as exit_:
+            code = exit_.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def direct_stats(g: torch.Tensor) -> dict[str, float]:
+    """The statistics, straight from their definitions (docs/inspect.md), two-pass in float64."""
+    g = g.detach().double()
+    rms = g.square().mean().sqrt()
+    size = g.abs()
+    return {"mean": float(g.mean()), "std": float((g - g.mean()).square().mean().sqrt()), "min": float(g.min()),
+            "max": float(g.max()), "rms": float(rms), "anisotropy": float((size - size.mean()).square().mean().sqrt() / rms),
+            "near_zero": float((size < 0.05 * rms).double().mean())}
+
+
+def column_sq(w: torch.Tensor) -> torch.Tensor:
+    """‖w_j‖² of every column j (summed over rows and, for a stacked expert weight, experts), float64."""
+    w = w.detach().double()
+    return w.square().reshape(-1, w.shape[-1]).sum(0)
+
+
+# -- our own checkpoints -------------------------------------------------------------------------------------
+CASES = [("baseline", False, {}), ("unified", False, {}), ("dp", False, {}), ("unified_dnp_vup", False, {}),
+         ("sandwich", False, {}), ("dnp", True, {}), ("baseline", True, {"scales": "expert"})]
+
+
+def case_id(preset: str, moe: bool, extra: dict) -> str:
+    return preset + ("-moe" if moe else "") + "".join(f"-{v}" for v in extra.values())
+
+
+def native(preset: str, moe: bool, moe_extra: dict, seed: int = 1, **config):
+    spec = spec_for(preset, moe=moe, **{"vocab_size": 128, **config})
+    if moe_extra:
+        spec["config"]["moe"].update(moe_extra)
+    return spec, perturbed(spec, seed=seed)
+
+
+@pytest.mark.parametrize("preset,moe,moe_extra", CASES, ids=[case_id(*c) for c in CASES])
+def test_statistics_conservation_and_fold_verdicts_of_a_native_model(preset, moe, moe_extra):
+    spec, model = native(preset, moe, moe_extra)
+    rows = rows_of(model)
+    assert rows, "every strategy here has scale vectors"
+    for row in rows:
+        gamma = row.view.vector().detach()
+        want = direct_stats(gamma)
+        for name, value in want.items():
+            assert close(row.stats[name], value), (row.view.key, name, row.stats[name], value)
+        assert torch.equal(row.gamma, gamma.double())
+        if row.view.role == "input" and row.view.consumers and row.view.parameterization == "PlainScale":
+            expect = sum(column_sq(c.weight) if c.axis == -1 else column_sq(c.weight.transpose(-1, -2))
+                         for c in row.view.consumers) - gamma.double().square()
+            assert row.conserved is not None and row.conserved.shape == expect.shape
+            assert torch.allclose(row.conserved, expect, rtol=0, atol=REL * float(expect.abs().max()))
+        if row.view.role == "input" and row.view.consumers and row.view.parameterization == "MagnitudeDirectionScale":
+            beta = float(row.view.vector.magnitude.detach().double())
+            expect = sum(float(column_sq(c.weight).sum()) for c in row.view.consumers) - beta ** 2
+            assert row.conserved.numel() == 1 and close(float(row.conserved), expect, abs(expect))
+        if row.view.role == "output":
+            assert row.conserved is None and not row.view.folds and "stays" in row.view.reason
+        else:
+            assert row.view.folds and row.view.targets, row.view.key
+    assert_fold_targets(model, rows)
+
+
+@torch.no_grad()
+def assert_fold_targets(model, rows) -> None:
+    """Fold the model, then fold it again with one scale vector changed: exactly the weights named as that
+    vector's targets change (and, for a vector that stays, only its own parameters)."""
+    base = {n: p.detach().clone() for n, p in fold_scales(model).named_parameters()}
+    for i, row in enumerate(rows):
+        other = copy.deepcopy(model)
+        vec = dict(zip(map(id, model.modules()), other.modules()))[id(row.view.vector)]
+        gen = torch.Generator().manual_seed(100 + i)
+        for p in vec.parameters():
+            p.mul_(1.0 + 0.5 * torch.rand(p.shape, generator=gen))
+        folded = dict(fold_scales(other).named_parameters())
+        changed = {n for n, p in folded.items() if not torch.equal(p, base[n])}
+        expect = {t.weight for t in row.view.targets} if row.view.folds else set(row.view.names)
+        assert changed == expect, (row.view.key, changed, expect)
+
+
+def test_roles_sites_and_fold_targets_named_per_strategy():
+    views = {case_id(*c): {r.view.key: r.view for r in rows_of(native(*c)[1])} for c in CASES}
+    base = views["baseline"]
+    assert sorted(k for k in base if k[0] == 0) == [(0, "attn_input", "shared", "input"), (0, "mlp_input", "shared", "input")]
+    assert [t.describe() for t in base[(0, "attn_input", "shared", "input")].targets] == [
+        f"columns of blocks.0.attn.input.proj.{b}.weight" for b in "qkv"]
+    assert [t.describe() for t in base[(-1, "final", "shared", "input")].targets] == ["columns of final.proj.head.weight"]
+    uni = views["unified"]
+    assert uni[(1, "attn_proj", "q", "output")].parameterization == "MagnitudeDirectionScale"
+    assert uni[(1, "attn_input", "q", "input")].parameterization == "DirectionScale"  # no magnitude before a norm
+    assert not uni[(1, "attn_proj", "k", "output")].folds
+    assert [t.describe() for t in views["dp"][(0, "attn_proj", "v", "input")].targets] == [
+        "rows of blocks.0.attn.input.proj.v.weight"]
+    assert [t.describe() for t in views["unified_dnp_vup"][(0, "mlp_proj", "up", "input")].targets] == [
+        "columns of blocks.0.mlp.down.weight"]
+    assert views["sandwich"][(1, "mlp_output", "out", "output")].reason.startswith("a norm on the sublayer's output")
+    assert [t.describe() for t in views["dnp-moe"][(0, "mlp_input", "shared", "input")].targets] == [
+        f"columns of blocks.0.mlp.input.proj.{b}.weight" for b in ("router", "gate", "up")]
+    assert [t.describe() for t in views["baseline-moe-expert"][(1, "mlp_input", "expert3", "input")].targets] == [
+        "columns of blocks.1.mlp.input.proj.gate.weight[3]", "columns of blocks.1.mlp.input.proj.up.weight[3]"]
+
+
+# -- tiny transformers models, read as import reads them --------------------------------------------------------
+@pytest.fixture(scope="module")
+def hf_models(tmp_path_factory):
+    """``{architecture: (transformers model, saved folder)}`` for the four architectures import reads."""
+    from test_import import save, tiny_hf
+
+    root = tmp_path_factory.mktemp("hf")
+    return {arch: (model, save(model, root / arch)) for arch in HF_ARCHS for model in [tiny_hf(arch)]}
+
+
+def hf_expected(model) -> dict[tuple, tuple[torch.Tensor, list[torch.Tensor]]]:
+    """``(layer, site, branch, role)`` → (the HF norm weight, the HF weights whose columns read it), by HF name."""
+    params = dict(model.named_parameters())
+    out = {(-1, "final", "shared", "input"): (params["model.norm.weight"], [params["lm_head.weight"]])}
+    for i in range(model.config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        attn = [params[f"{p}self_attn.{x}_proj.weight"] for x in "qkv"]
+        mlp = [w for n, w in params.items() if n.startswith(f"{p}mlp.") and "down" not in n]
+        out[(i, "attn_input", "shared", "input")] = (params[f"{p}input_layernorm.weight"], attn)
+        out[(i, "mlp_input", "shared", "input")] = (params[f"{p}post_attention_layernorm.weight"], mlp)
+        for b in "qk":
+            if f"{p}self_attn.{b}_norm.weight" in params:
+                out[(i, "attn_proj", b, "output")] = (params[f"{p}self_attn.{b}_norm.weight"], [])
+    return out
+
+
+@needs_transformers
+@pytest.mark.parametrize("arch", HF_ARCHS)
+def test_hf_model_roles_statistics_conservation_and_folds(arch, hf_models):
+    model, folder = hf_models[arch]
+    loaded = load(folder)
+    assert loaded.kind == f"Hugging Face folder ({arch})"
+    rows = {r.view.key: r for r in rows_of(loaded.model)}
+    expected = hf_expected(model)
+    assert set(rows) == set(expected)  # every HF norm, with the role the library gives it, and nothing else
+    qk_norm = arch.startswith("Qwen3")
+    assert any(k[1] == "attn_proj" for k in rows) == qk_norm
+    for key, (weight, readers) in expected.items():
+        row = rows[key]
+        want = direct_stats(weight)
+        for name, value in want.items():
+            assert close(row.stats[name], value), (arch, key, name)
+        if key[3] == "output":
+            assert not row.view.folds and row.conserved is None and "QK-norm" in row.view.reason
+            assert row.gamma.numel() == model.config.head_dim  # one weight per head dimension, shared by the heads
+            continue
+        assert row.view.folds
+        expect = sum(column_sq(w) for w in readers) - weight.detach().double().square()
+        assert torch.allclose(row.conserved, expect, rtol=0, atol=REL * float(expect.abs().max())), (arch, key)
+    moe_layers = {k[0] for k, r in rows.items() if any(t.weight.endswith("router.weight") for t in r.view.targets)}
+    want_moe = {0, 1} if arch == "MixtralForCausalLM" else {1, 2} if arch == "Qwen3MoeForCausalLM" else set()
+    assert moe_layers == want_moe  # Qwen3-MoE's mlp_only_layers=[0] is a dense MLP
+    assert_fold_targets(loaded.model, list(rows.values()))
