@@ -188,7 +188,7 @@ def test_hf_model_roles_statistics_conservation_and_folds(arch, hf_models):
             assert close(row.stats[name], value), (arch, key, name)
         if key[3] == "output":
             assert not row.view.folds and row.conserved is None and "QK-norm" in row.view.reason
-            assert row.gamma.numel() == model.config.head_dim  # one weight per head dimension, shared by the heads
+            assert row.gamma.numel() == weight.numel() == loaded.model.config.head_dim  # one per head dimension
             continue
         assert row.view.folds
         expect = sum(column_sq(w) for w in readers) - weight.detach().double().square()
