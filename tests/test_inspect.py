@@ -197,3 +197,91 @@ def test_hf_model_roles_statistics_conservation_and_folds(arch, hf_models):
     want_moe = {0, 1} if arch == "MixtralForCausalLM" else {1, 2} if arch == "Qwen3MoeForCausalLM" else set()
     assert moe_layers == want_moe  # Qwen3-MoE's mlp_only_layers=[0] is a dense MLP
     assert_fold_targets(loaded.model, list(rows.values()))
+
+
+# -- the command: tables, CSV/JSON, figures -----------------------------------------------------------------------
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_png(path: Path) -> None:
+    """A complete PNG (signature, IHDR first, IEND last) of a drawn figure (not one flat colour)."""
+    import matplotlib.image
+
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" and data[-8:-4] == b"IEND", path
+    width, height = struct.unpack(">II", data[16:24])
+    assert width > 200 and height > 200, (path, width, height)
+    pixels = matplotlib.image.imread(path)
+    assert pixels.shape[:2] == (height, width) and float(pixels[..., :3].std()) > 0.01, path
+
+
+def test_cli_prints_a_table_per_role_and_writes_csv_json_and_figures(tmp_path):
+    spec, model = native("unified", False, {})
+    ckpt = write_ckpt(model, spec, tmp_path / "run.ckpt")
+    rows = rows_of(model)
+    code, out, err = run_main([str(ckpt), "--out", str(tmp_path / "report")])
+    assert code == 0, err
+    n_in = sum(r.view.role == "input" for r in rows)
+    lines = out.splitlines()
+    assert lines[0] == f"{ckpt}: checkpoint; 2 layers, width 64; MagnitudeDirectionScale, placement q: dual_norm, " \
+                       "k: dual_norm, branch-specific (HG)"
+    assert f"input-role scale vectors ({n_in})" in lines and f"output-role scale vectors ({len(rows) - n_in})" in lines
+    assert lines.index(f"input-role scale vectors ({n_in})") < lines.index(f"output-role scale vectors ({len(rows) - n_in})")
+    table = [line.split() for line in lines if line.startswith(("layer", "final")) and "site" not in line]
+    assert [(t[0], t[1], t[2]) for t in table] == \
+        [(r.view.layer_name, r.view.site, r.view.branch) for r in rows if r.view.role == "input"] + \
+        [(r.view.layer_name, r.view.site, r.view.branch) for r in rows if r.view.role == "output"]
+    q_out = next(t for t in table if t[1:3] == ["attn_proj", "q"])
+    assert q_out[-2:] == ["stays", "(QK-norm)"]
+    report = tmp_path / "report"
+    assert out.rstrip().endswith(f"wrote {report}: scales.csv, scales.json, profile_input.png, heatmap_input.png, "
+                                 "profile_output.png, heatmap_output.png")
+    import csv
+
+    with open(report / "scales.csv") as f:
+        table_rows = list(csv.DictReader(f))
+    assert [(int(r["layer"]), r["site"], r["branch"], r["role"]) for r in table_rows] == [r.view.key for r in rows]
+    assert [float(r["rms"]) for r in table_rows] == [r.stats["rms"] for r in rows]
+    data = json.loads((report / "scales.json").read_text())
+    assert data["source"]["kind"] == "checkpoint" and data["source"]["n_layer"] == 2
+    assert [d["gamma"] for d in data["rows"]] == [r.gamma.tolist() for r in rows]
+    assert [d["folds"] for d in data["rows"]] == [r.view.role == "input" for r in rows]
+    for name in ("profile_input", "heatmap_input", "profile_output", "heatmap_output"):
+        assert_png(report / f"{name}.png")
+
+
+def test_compare_two_checkpoints_deltas_and_alignment(tmp_path):
+    spec, a = native("baseline", False, {}, seed=1)
+    _, b = native("baseline", False, {}, seed=2)
+    spec_hg, hg = native("hg", False, {}, seed=3)
+    pa, pb, phg = (write_ckpt(m, s, tmp_path / f"{n}.ckpt") for m, s, n in ((a, spec, "a"), (b, spec, "b"), (hg, spec_hg, "hg")))
+    code, out, err = run_main([str(pa), "--compare", str(pb), "--out", str(tmp_path / "ab")])
+    assert code == 0, err
+    data = json.loads((tmp_path / "ab" / "compare.json").read_text())
+    ra, rb = rows_of(a), rows_of(b)
+    assert [p["match"] for p in data["pairs"]] == ["exact"] * len(ra)
+    for pair, x, y in zip(data["pairs"], ra, rb):
+        ga, gb = x.view.vector().detach().double(), y.view.vector().detach().double()
+        for stat in ("mean", "rms", "min", "max", "anisotropy"):
+            assert close(pair[f"d_{stat}"], direct_stats(gb)[stat] - direct_stats(ga)[stat]), stat
+        assert pair["dgamma_absmax"] == float((gb - ga).abs().max())
+        assert close(pair["d_c_mean"], float(y.conserved.mean() - x.conserved.mean()))
+    for name in ("profile_input", "heatmap_input_A", "heatmap_input_B", "heatmap_input_delta"):
+        assert_png(tmp_path / "ab" / f"{name}.png")
+    # two strategies: baseline's one γ per norm against hg's γ per branch
+    code, out, err = run_main([str(pa), "--compare", str(phg)])
+    assert code == 0, err
+    matches = [line.split()[3] for line in out.splitlines() if line.startswith("layer00  attn_input")]
+    assert matches == ["shared↔q", "shared↔k", "shared↔v"]
+    assert any(line.startswith("final") and "shared↔head" in line for line in out.splitlines())
+
+
+def test_compare_refuses_models_of_different_depth(tmp_path):
+    spec2, m2 = native("baseline", False, {})
+    spec3, m3 = native("baseline", False, {}, n_layer=3)
+    p2, p3 = write_ckpt(m2, spec2, tmp_path / "two.ckpt"), write_ckpt(m3, spec3, tmp_path / "three.ckpt")
+    code, out, err = run_main([str(p2), "--compare", str(p3)])
+    assert code == 2 and out == ""
+    assert err.strip() == (f"error: --compare: {str(p3)!r}: has 3 layers and PATH {str(p2)!r} has 2: the two cannot be "
+                           "aligned layer by layer; compare two checkpoints of the same architecture (e.g. two "
+                           "strategies, or one run before and after training)")
