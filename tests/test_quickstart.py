@@ -93,3 +93,99 @@ def test_processes_lightning_starts_reuse_their_parents_folder(in_tmp, monkeypat
     monkeypatch.setenv(runfolder.ENV, f"{os.getppid() + 1}:{folder}")  # set by another process: not ours
     monkeypatch.delenv("WORLD_SIZE")
     assert runfolder.resolve_run_folder(_config("recipes/smoke.yaml"), "fit") == Path("runs/smoke/version_1")
+
+
+# -- the Quick start, run in the order shown -------------------------------------------------------------
+FAST = ["--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false"]  # the README says every fit takes --trainer.max_steps=N
+
+
+def quickstart_commands() -> list[list[str]]:
+    """The commands of the README's Quick start fences, in order (comments dropped)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("\n## Quick start\n"):]
+    section = section[:section.index("\n## ", 1)]
+    commands, fence = [], False
+    for line in section.splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        elif fence and line.strip():
+            commands.append(shlex.split(line, comments=True))
+    return commands
+
+
+def make_recipe(target: str, seen=()) -> list[list[str]]:
+    """The ``$(BIN)/python ...`` lines ``make <target>`` runs, prerequisites first (the venv is this one)."""
+    makefile = (ROOT / "Makefile").read_text()
+    head, _, rest = makefile.partition(f"\n{target}:")
+    assert rest, f"the Makefile has no target {target!r}"
+    deps, *lines = rest.split("\n")
+    body = []
+    for line in lines:
+        if not line.startswith("\t"):
+            break
+        body.append(line.strip())
+    out = []
+    for dep in deps.split():
+        if not dep.startswith("$(") and dep not in seen:
+            out += make_recipe(dep, (*seen, target))
+    return out + [shlex.split(line)[1:] for line in body if line.startswith("$(BIN)/python -m scalevec_lit")]
+
+
+def _run(capfd, argv: list[str]) -> str:
+    from helpers import main_in_process
+
+    code, text = main_in_process(capfd, argv[2:] if argv[:2] == ["-m", "scalevec_lit"] else argv)
+    assert code == 0, (argv, text[-3000:])
+    return text
+
+
+def test_the_quick_start_runs_in_the_order_shown(tmp_path, monkeypatch, capfd, prepared_data):
+    import shutil
+
+    import torch
+
+    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "data" / "prepared").mkdir(parents=True)
+    (tmp_path / "data" / "prepared" / "shakespeare").symlink_to(prepared_data, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    for key in ("WORLD_SIZE", "SLURM_NTASKS", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    commands = quickstart_commands()
+    assert commands[:2] == [["make", "fit"], ["make", "test"]]
+    readme = (ROOT / "README.md").read_text()
+    ran = []
+    for words in commands:
+        if words[:2] == ["make", "fit"]:
+            for argv in make_recipe("fit"):
+                extra = FAST if argv[2] == "fit" else []
+                text = _run(capfd, argv + extra)
+                if argv[2] == "fit":
+                    printed = next(line for line in text.splitlines() if line.startswith("run folder: "))
+                    assert " ".join(printed.split()) in " ".join(readme.split())  # the line the README quotes
+            assert (tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt").is_file()
+        elif words[:3] == ["python", "-m", "scalevec_lit"] and words[3] == "fit":
+            _run(capfd, words[1:] + FAST)
+        elif words[:3] == ["python", "-m", "scalevec_lit"] and words[3] == "generate":
+            ckpt = Path(words[words.index("--ckpt") + 1])
+            assert ckpt.is_file(), f"the Quick start's generate reads {ckpt}, which the fits above did not write"
+            text = _run(capfd, words[1:] + ["--max-new-tokens", "4", "--device", "cpu"])
+            assert "ROMEO:" in text
+        else:
+            assert words[0] in ("make", "source", "tensorboard"), words  # set-up, the test suite, a viewer
+            continue
+        ran.append(words[:4])
+    assert ran == [["make", "fit"], ["python", "-m", "scalevec_lit", "fit"], ["python", "-m", "scalevec_lit", "generate"]]
+    # the second fit ran beside the first, each in its own folder with its events and config
+    for run in ("runs/smoke/version_0", "runs/smoke/unified/version_0"):
+        assert (tmp_path / run / "config.yaml").is_file() and list((tmp_path / run).glob("events.out.tfevents.*"))
+    assert torch.load(tmp_path / "runs/smoke/unified/version_0/checkpoints/last.ckpt", map_location="cpu",
+                      weights_only=False)["global_step"] == 2
+    # "the same command with --ckpt_path last resumes it": the newest smoke run, two steps further
+    fit = next(argv for argv in make_recipe("fit") if argv[2] == "fit")
+    text = _run(capfd, fit + FAST + ["--trainer.max_steps=4", "--ckpt_path", "last"])
+    assert "run folder: runs/smoke/version_0 (resuming its newest checkpoint)" in text
+    assert torch.load(tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt", map_location="cpu",
+                      weights_only=False)["global_step"] == 4
+    assert sorted(p.name for p in (tmp_path / "runs/smoke").iterdir()) == ["unified", "version_0"]
