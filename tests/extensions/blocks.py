@@ -1,11 +1,23 @@
-"""A block with a constructor argument: each sublayer's output is scaled by ``residual_scale`` before it is added
-to the residual stream (chosen with ``model.block: {class_path: extensions.blocks.ResidualScaleBlock,
-init_args: {residual_scale: 0.5}}``)."""
+"""User blocks, each chosen from YAML with ``model.block`` (``class_path`` + ``init_args``):
+
+- ``ResidualScaleBlock``: a constructor argument (``residual_scale``), ``forward`` overridden;
+- ``SandwichBlock``: sandwich norm, each sublayer's output through an ``OutputNorm`` (a scale site, so its γ is
+  a scale vector of output role: tags, role decay, folding and conversion see it);
+- ``PlainNormSandwichBlock``: the same written with ``nn.RMSNorm``: its gains are not scale vectors (fit
+  reports them at start with the class to use instead);
+- ``GeluMLPBlock``: ``build_mlp`` overridden by an MLP of its own that composes a ``NormSite``;
+- ``PlainAttentionBlock``: ``build_attention`` overridden by an attention of its own (no scale site, no cache).
+"""
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from scalevec_lit.model import Block
+from scalevec_lit.scale import Branch, NormSite, OutputNorm
 
 
 class ResidualScaleBlock(Block):
@@ -18,24 +30,92 @@ class ResidualScaleBlock(Block):
         return h + self.residual_scale * self.mlp(h)
 
 
-class PlainCausalAttention(torch.nn.Module):
+class SandwichBlock(Block):
+    """``h = x + N_a(Attn(x))``, ``y = h + N_m(MLP(h))`` with ``N = OutputNorm`` (γ of output role)."""
+
+    def __init__(self, config, layer, strategy) -> None:
+        super().__init__(config, layer, strategy)
+        self.attn_post = OutputNorm(config.n_embd, strategy, layer=layer, site="attn_post")
+        self.mlp_post = OutputNorm(config.n_embd, strategy, layer=layer, site="mlp_post")
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attn_post(self.attn(x, cos, sin))
+        return h + self.mlp_post(self.mlp(h))
+
+
+class PlainNormSandwichBlock(Block):
+    """The sandwich block with ``nn.RMSNorm`` gains: trained, but not scale vectors (reported at fit start)."""
+
+    def __init__(self, config, layer, strategy) -> None:
+        super().__init__(config, layer, strategy)
+        self.attn_post = nn.RMSNorm(config.n_embd)
+        self.mlp_post = nn.RMSNorm(config.n_embd)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attn_post(self.attn(x, cos, sin))
+        return h + self.mlp_post(self.mlp(h))
+
+
+class GeluMLP(nn.Module):
+    """``W_down gelu(W_fc (γ ⊙ x̂))``: one branch ``fc`` read through a ``NormSite`` (the strategy's γ), and
+    W_down depth-scaled as the stock MLP's."""
+
+    def __init__(self, config, layer, strategy) -> None:
+        super().__init__()
+        hidden = 4 * config.n_embd
+        self.out_std = config.init_std / math.sqrt(2 * config.n_layer)
+        self.input = NormSite(config.n_embd, [Branch("fc", hidden)], strategy, layer=layer, site="mlp_input",
+                              init_std=config.init_std)
+        self.down = nn.Linear(hidden, config.n_embd, bias=False)
+        if self.down.weight.device.type != "meta":
+            self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        nn.init.normal_(self.down.weight, 0.0, self.out_std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        (h,) = self.input(x)
+        return self.down(F.gelu(h))
+
+
+class GeluMLPBlock(Block):
+    def build_mlp(self, config, layer, strategy) -> nn.Module:
+        return GeluMLP(config, layer, strategy)
+
+
+class PlainCausalAttention(nn.Module):
     """Multi-head causal attention of its own (no scale site, no RoPE, no key/value cache)."""
 
     def __init__(self, config) -> None:
         super().__init__()
         self.n_head = config.n_head
-        self.qkv = torch.nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
-        self.out = torch.nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
+        self.out = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in self.qkv(x).split(C, dim=-1))
-        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.out(y.transpose(1, 2).reshape(B, T, C))
 
 
 class PlainAttentionBlock(Block):
     """A block whose attention is its own module: it cannot read the key/value cache."""
 
-    def build_attention(self, config, layer, strategy) -> torch.nn.Module:
+    def build_attention(self, config, layer, strategy) -> nn.Module:
         return PlainCausalAttention(config)
+
+
+class AttentionOnlyBlock(nn.Module):
+    """Not a ``Block`` subclass, and without ``.mlp``: ``y = x + Attn(x)`` with the stock attention. Usable from
+    Python (``Transformer(config, block=AttentionOnlyBlock)``); a recipe's ``model.block`` must be a ``Block``."""
+
+    def __init__(self, config, layer, strategy) -> None:
+        super().__init__()
+        from scalevec_lit.model.attention import CausalSelfAttention
+
+        self.attn = CausalSelfAttention(config, layer, strategy)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return x + self.attn(x, cos, sin)

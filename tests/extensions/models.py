@@ -1,5 +1,8 @@
-"""A learned output temperature: a ``Transformer`` subclass with one parameter more, built by a ``CausalLM``
-subclass that overrides ``build_model`` (chosen with ``model.class_path: extensions.models.TemperatureLM``)."""
+"""``CausalLM`` subclasses that override ``build_model``, chosen with ``model.class_path``:
+
+- ``TemperatureLM``: a ``Transformer`` subclass with one parameter more (a learned output temperature) and a
+  constructor argument (``temperature_init``);
+- ``SoftCapLM``: a ``Transformer`` subclass without new parameters (logits soft-capped, ``cap``)."""
 from __future__ import annotations
 
 import math
@@ -54,3 +57,27 @@ class ForwardOnlyTemperature(TemperatureTransformer):
     the temperature, so ``generate()`` runs without it."""
 
     forward_cached = Transformer.forward_cached
+
+
+class SoftCapTransformer(Transformer):
+    """Logits soft-capped as Gemma 2's: ``cap · tanh(logits / cap)``; no parameter of its own."""
+
+    def __init__(self, config, strategy=None, block=Block, cap: float = 30.0) -> None:
+        super().__init__(config, strategy, block)
+        self.init_args = {"cap": cap}
+        self.cap = cap
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.cap * torch.tanh(super().forward(idx) / self.cap)
+
+    def forward_cached(self, idx: torch.Tensor, cache) -> torch.Tensor:
+        return self.cap * torch.tanh(super().forward_cached(idx, cache) / self.cap)
+
+
+class SoftCapLM(CausalLM):
+    def __init__(self, *args, cap: float = 30.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.cap = cap
+
+    def build_model(self) -> SoftCapTransformer:
+        return SoftCapTransformer(self.config, self.strategy, self.block, cap=self.cap)
