@@ -219,16 +219,21 @@ def _run_cli(args: Optional[list[str]]):
     from .lit.model_class import model_class  # issue 25 (H1): the CausalLM subclass a recipe chooses, or CausalLM
 
     model_cls, model_class_path = model_class(list(sys.argv[1:] if args is None else args))
-    return ScaleVecCLI(
-        model_cls,
-        TokenDataModule,
-        model_class_path=model_class_path,
-        parser_class=ScaleVecArgumentParser,
-        auto_configure_optimizers=False,
-        save_config_kwargs={"overwrite": True},
-        seed_everything_default=42,
-        args=args,
-    )
+    from .lit.runfolder import release_unused
+
+    try:
+        return ScaleVecCLI(
+            model_cls,
+            TokenDataModule,
+            model_class_path=model_class_path,
+            parser_class=ScaleVecArgumentParser,
+            auto_configure_optimizers=False,
+            save_config_kwargs={"overwrite": True},
+            seed_everything_default=42,
+            args=args,
+        )
+    finally:
+        release_unused()  # the run folder chosen for a command that then wrote nothing is removed again
 
 
 if __name__ == "__main__":

@@ -95,6 +95,18 @@ def test_processes_lightning_starts_reuse_their_parents_folder(in_tmp, monkeypat
     assert runfolder.resolve_run_folder(_config("recipes/smoke.yaml"), "fit") == Path("runs/smoke/version_1")
 
 
+
+def test_a_run_that_wrote_nothing_leaves_no_folder(in_tmp):
+    (in_tmp / "runs").mkdir()
+    folder = runfolder.resolve_run_folder(_config("recipes/smoke.yaml", "recipes/strategy/hg.yaml"), "fit")
+    assert folder == Path("runs/smoke/hg/version_0") and folder.is_dir()
+    runfolder.release_unused()  # the command was refused after the folder was chosen
+    assert sorted(p.name for p in (in_tmp / "runs").iterdir()) == []  # runs/ was there before: it stays
+    kept = runfolder.resolve_run_folder(_config("recipes/smoke.yaml"), "fit")
+    (kept / "config.yaml").write_text("trainer: {}\n")
+    runfolder.release_unused()
+    assert kept.is_dir() and runfolder.resolve_run_folder(_config("recipes/smoke.yaml"), "fit").name == "version_1"
+
 # -- the Quick start, run in the order shown -------------------------------------------------------------
 FAST = ["--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false"]  # the README says every fit takes --trainer.max_steps=N

@@ -84,18 +84,35 @@ def newest_resumable(folder: Path) -> Optional[tuple[int, Path]]:
     return None
 
 
+_claimed: list[Path] = []  # folders this process created for its run, deepest first (see release_unused)
+
+
 def claim_new_version(folder: Path) -> tuple[int, Path]:
     """Create and return the next free ``version_N`` of ``folder`` (atomic: a run started at the same time
     gets the number after)."""
+    missing = [p for p in [folder, *folder.parents] if not p.exists()]
     folder.mkdir(parents=True, exist_ok=True)
     number = versions(folder)[-1][0] + 1 if versions(folder) else 0
     while True:
         path = folder / f"version_{number}"
         try:
             path.mkdir()
-            return number, path
         except FileExistsError:
             number += 1
+            continue
+        _claimed[:] = [path, *missing]
+        return number, path
+
+
+def release_unused() -> None:
+    """Remove the folders ``claim_new_version`` created when the run wrote nothing into them (a command
+    refused after the folder was chosen leaves no trace)."""
+    for path in _claimed:
+        try:
+            path.rmdir()  # only when empty
+        except OSError:
+            break
+    _claimed.clear()
 
 
 def _inherited() -> Optional[Path]:
