@@ -285,3 +285,67 @@ def test_compare_refuses_models_of_different_depth(tmp_path):
     assert err.strip() == (f"error: --compare: {str(p3)!r}: has 3 layers and PATH {str(p2)!r} has 2: the two cannot be "
                            "aligned layer by layer; compare two checkpoints of the same architecture (e.g. two "
                            "strategies, or one run before and after training)")
+
+
+# -- every form of checkpoint; bad input --------------------------------------------------------------------------
+@needs_transformers
+def test_reads_distributed_native_and_exported_folders_and_compares_before_and_after_export(tmp_path):
+    from test_generate import write_dcp
+    from scalevec_lit.export import export
+
+    spec = spec_for("qk_norm", moe=True)
+    model = perturbed(spec)
+    ckpt = write_ckpt(model, spec, tmp_path / "run.ckpt")
+    want = [(r.view.key, r.gamma) for r in rows_of(model)]
+    dcp = load(write_dcp(model, spec, tmp_path / "step.ckpt"))
+    export(ckpt, tmp_path / "native", format="native")
+    nat = load(tmp_path / "native")
+    assert (dcp.kind, nat.kind) == ("distributed checkpoint", "native folder")
+    for loaded in (dcp, nat):
+        got = [(r.view.key, r.gamma) for r in rows_of(loaded.model)]
+        assert [k for k, _ in got] == [k for k, _ in want]
+        assert all(torch.equal(g, w) for (_, g), (_, w) in zip(got, want))
+    assert export(ckpt, tmp_path / "hf").architecture == "Qwen3MoeForCausalLM"
+    code, out, err = run_main([str(ckpt), "--compare", str(tmp_path / "hf")])
+    assert code == 0, err
+    lines = [line.split() for line in out.splitlines() if line.startswith(("layer", "final")) and "site" not in line]
+    # after export every input-role γ is folded away (γ ≡ 1 in the HF folder); the QK-norm weights are the same
+    assert {line[2] for line in lines if line[1] == "attn_proj"} == {"q", "k"}
+    for line in lines:
+        if line[1] == "attn_proj":
+            assert line[6] == "0" and line[13] == "0", line  # Δmean, max|Δγ|
+        else:
+            assert line[5] == "1" and line[8] == "1", line  # mean B, RMS B
+
+
+def test_bad_input_names_the_argument_and_the_fix(tmp_path):
+    spec, model = native("baseline", False, {})
+    ckpt = str(write_ckpt(model, spec, tmp_path / "m.ckpt"))
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    (tmp_path / "notes.txt").write_text("not a model\n")
+    (tmp_path / "junk.ckpt").write_bytes(b"\x00\x01 not a zip archive" * 10)
+    (tmp_path / "cut.ckpt").write_bytes(Path(ckpt).read_bytes()[:4000])
+    (tmp_path / "empty").mkdir()
+    hint = "give a .ckpt file of fit, a distributed checkpoint folder, a native export folder (scalevec_spec.json) or " \
+           "a local Hugging Face model folder (config.json + safetensors)"
+    cases = [
+        ([str(tmp_path / "missing.ckpt")], 2, f"PATH: {str(tmp_path / 'missing.ckpt')!r}: does not exist; {hint}"),
+        ([str(tmp_path / "gpt2")], 2, f"{tmp_path / 'gpt2' / 'config.json'}: architectures: ['GPT2LMHeadModel']: is not an "
+         "architecture inspect reads; give a model of LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
+         "MixtralForCausalLM, or a native checkpoint"),
+        ([str(tmp_path / "notes.txt")], 2, f"PATH: {str(tmp_path / 'notes.txt')!r}: is a .txt file, not a checkpoint"),
+        ([str(tmp_path / "junk.ckpt")], 2, f"PATH: {str(tmp_path / 'junk.ckpt')!r}: is not a checkpoint (a torch "
+         f"checkpoint is a zip archive, this file is not one); {hint}"),
+        ([ckpt, "--compare", str(tmp_path / "cut.ckpt")], 1, f"--compare: {str(tmp_path / 'cut.ckpt')!r}: is truncated "
+         "or corrupt"),
+        ([str(tmp_path / "empty")], 2, f"PATH: {str(tmp_path / 'empty')!r}: is a folder without .metadata"),
+        ([ckpt, "--out", str(tmp_path / "notes.txt")], 2, f"--out: {str(tmp_path / 'notes.txt')!r}: is a file, not a "
+         "folder; give a new or existing folder"),
+        ([ckpt, "--out", str(tmp_path)], 2, f"--out: {str(tmp_path)!r}: contains the input {ckpt!r} (PATH)"),
+    ]
+    for argv, want_code, message in cases:
+        code, out, err = run_main(argv)
+        assert (code, out) == (want_code, ""), (argv, code, err)
+        assert err.startswith(f"error: {message}") and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.ckpt", "empty", "gpt2", "junk.ckpt", "m.ckpt", "notes.txt"]

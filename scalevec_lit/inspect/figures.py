@@ -28,7 +28,7 @@ def _figure(width: float, height: float):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=100)
+    fig = Figure(figsize=(width, height), dpi=90)
     FigureCanvasAgg(fig)
     return fig
 
@@ -77,7 +77,7 @@ def profile_figure(path: Path, role: str, n_layer: int, sides: list[tuple[str, l
     if len(sides) > 1:
         title += f" — {sides[0][0]} solid, {sides[1][0]} dashed"
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0, 0.8 if handles else 1, 0.93))
+    fig.subplots_adjust(left=0.06, right=0.78 if handles else 0.98, top=0.86, bottom=0.2, wspace=0.25)
     fig.savefig(path)
 
 
@@ -132,7 +132,9 @@ def heatmap_figure(path: Path, role: str, n_layer: int, rows: list[Row], title: 
     for ax in axes[n:]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    height = fig.get_figheight()
+    fig.subplots_adjust(left=0.07, right=0.98, top=1 - 0.55 / height, bottom=0.45 / height, wspace=0.3,
+                        hspace=0.9 / (1.3 + 0.22 * tallest))
     fig.savefig(path)
     return True
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from torch import nn
 
-from scalevec_lit.errors import UserError, exit_code_for
+from scalevec_lit.errors import UserError, exit_code_for, one_paragraph
 
 PATH_HINT = ("give a .ckpt file of fit, a distributed checkpoint folder, a native export folder "
              "(scalevec_spec.json) or a local Hugging Face model folder (config.json + safetensors)")
@@ -52,18 +52,27 @@ def describe_strategy(model: nn.Module) -> str:
     return f"{vector}, placement {moved}{', branch-specific (HG)' if s.branch_specific else ''}"
 
 
-def _reworded(err: BaseException, key: str) -> UserError:
-    """A loader's error (``--ckpt: 'x': problem; fix``) with ``key`` in place of the loader's own flag."""
-    message = " ".join(str(err).split())
+def _reworded(err: BaseException, key: str, path: Path) -> UserError:
+    """A loader's error (``--ckpt: 'x': problem; fix``) with ``key`` in place of the loader's own flag, and a fix
+    that fits inspect where the loader's speaks of training (a damaged checkpoint: resume from another one)."""
+    message = one_paragraph(str(err))
     for prefix in ("--ckpt_path: ", "--ckpt: ", "--hf: "):
         if message.startswith(prefix):
             message = message[len(prefix):]
             break
-    value, _, tail = message.partition(": ")
-    problem, _, fix = tail.rpartition("; ")
-    if not problem:
-        problem, fix = tail or message, PATH_HINT
-    return UserError(key, value, problem, fix, exit_code=exit_code_for(err) or 1)
+    shown = repr(str(path))
+    for lead in (f"{shown}: ", f"{shown} ", f"checkpoint {shown} "):
+        if message.startswith(lead):
+            message = message[len(lead):]
+            break
+    problem, sep, fix = message.rpartition("; ")
+    if not sep:
+        problem, fix = message, PATH_HINT
+    if "CheckpointError" in {cls.__name__ for cls in type(err).__mro__}:
+        fix = f"the file is damaged: give another checkpoint of the run, or {PATH_HINT[len('give '):]}"
+    elif fix == "give a .ckpt file or a checkpoint folder":
+        fix = PATH_HINT
+    return UserError(key, shown, problem, fix, exit_code=exit_code_for(err) or 1)
 
 
 def load(path: str | Path, key: str = "PATH") -> Loaded:
@@ -77,15 +86,27 @@ def load(path: str | Path, key: str = "PATH") -> Loaded:
 
 
 def _load_hf(folder: Path, key: str) -> Loaded:
-    from scalevec_lit.hub.hf_import import load_hf
+    from scalevec_lit.hub.hf_import import importable, load_hf
 
     try:
         model, arch = load_hf(folder)
     except UserError as err:
         if err.key == "--hf":
             raise UserError(key, err.value, err.problem, err.fix, exit_code=err.exit_code) from None
+        if err.key.endswith("architectures"):  # import's fix speaks of importing
+            raise UserError(err.key, err.value, "is not an architecture inspect reads",
+                            f"give a model of {', '.join(importable())}, or a native checkpoint",
+                            exit_code=err.exit_code) from None
         raise
     return Loaded(model, str(folder), f"Hugging Face folder ({arch})", describe_strategy(model))
+
+
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(4)
 
 
 def _load_native(p: Path, key: str) -> Loaded:
@@ -94,6 +115,9 @@ def _load_native(p: Path, key: str) -> Loaded:
     if p.is_file() and p.suffix in (".json", ".safetensors", ".yaml", ".txt"):
         raise UserError(key, repr(str(p)), f"is a {p.suffix} file, not a checkpoint",
                         f"give the folder that holds it (for an exported or Hugging Face model), or {PATH_HINT}")
+    if p.is_file() and _head(p) != ZIP_MAGIC:
+        raise UserError(key, repr(str(p)), "is not a checkpoint (a torch checkpoint is a zip archive, this file is not "
+                        "one)", PATH_HINT)
     try:
         spec, state = read_checkpoint(p)
         model = model_from_state(spec, state)
@@ -102,7 +126,7 @@ def _load_native(p: Path, key: str) -> Loaded:
     except Exception as err:  # noqa: BLE001 - the loaders' user errors (ExportError, CheckpointError) get our key
         if exit_code_for(err) is None:
             raise
-        raise _reworded(err, key) from None
+        raise _reworded(err, key, p) from None
     kind = ("native folder" if (p / NATIVE_SPEC).is_file() else "distributed checkpoint") if p.is_dir() else "checkpoint"
     return Loaded(model, str(p), kind, describe_strategy(model))
 
