@@ -346,3 +346,28 @@ def test_a_python_block_without_mlp_exports_natively_decodes_and_is_refused_by_h
             "it; one that does is registered with scalevec_lit.export.arch.register); use Block, or export the native "
             "format (--format native") in out
     assert not (tmp_path / "hf").exists()
+
+
+# -- the key/value cache: a user attention that would ignore it is refused, never silently wrong ------------------
+@torch.no_grad()
+def test_an_attention_that_ignores_the_cache_is_refused():
+    from extensions.blocks import CacheBlindBlock
+
+    from helpers import tiny_config
+    from scalevec_lit.generate import generate
+    from scalevec_lit.model import Transformer
+
+    model = Transformer(tiny_config(), block=CacheBlindBlock).eval()
+    prompt = tokens(model, 5)
+    assert torch.equal(generate(model, prompt, 6), generate(model, prompt, 6, use_cache=False))  # without the cache
+    with pytest.raises(ValueError, match=r"block 0's attention extensions\.blocks\.CacheBlindAttention overrides "
+                                         r"forward but not _forward_cached"):
+        generate(model, prompt, 6, use_cache=True)
+    # an attention that escapes the class check (here: an instance's forward replaced) is refused after the call
+    stock = Transformer(tiny_config()).eval()
+    stock.blocks[1].attn.forward = lambda x, cos, sin: torch.zeros_like(x)  # never reads its cache
+    cache = stock.new_cache()
+    with pytest.raises(ValueError, match=r"^attention layer 1 \(scalevec_lit\.model\.attention\.CausalSelfAttention\) "
+                                         r"did not read the key/value cache \(1 of 2 layers did not\)"):
+        stock.forward_cached(prompt, cache)
+    assert cache.length == 0

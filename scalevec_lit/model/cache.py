@@ -7,7 +7,9 @@ stored after the per-head norm, ``u`` and RoPE (what attention reads), values af
 Only ``CausalSelfAttention`` reads the cache: ``cache_unsupported(model)`` says why a model cannot decode with
 it (a block without that module, or a model class that overrides ``forward`` but not ``forward_cached``), and
 ``forward_cached`` refuses such a model (``check_cache_support``) instead of returning logits that ignore the
-earlier positions; ``generate()`` then runs without the cache.
+earlier positions; ``generate()`` then runs without the cache. A ``CausalSelfAttention`` subclass that overrides
+``forward`` must override ``_forward_cached`` too; and whatever the classes, an attention layer that did not
+read its cache in a call is refused after it (``KVCache.advance``), never returned silently.
 
 Plain torch only: must not import Lightning.
 """
@@ -25,11 +27,13 @@ class LayerCache:
         self.owner = owner
         self.k: Optional[torch.Tensor] = None
         self.v: Optional[torch.Tensor] = None
+        self.read = False  # set by ``update`` in each call of the model (``KVCache.begin`` clears it)
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Store ``k``, ``v`` ``[B, H_kv, T, D]`` at the cache's current positions; return every key and value
         so far and the masking arguments of ``scaled_dot_product_attention`` for the new queries."""
         start, T = self.owner.length, k.shape[2]
+        self.read = True
         if self.k is None:
             shape = (k.shape[0], k.shape[1], self.owner.max_len, k.shape[3])
             self.k = k.new_empty(shape)
@@ -54,6 +58,8 @@ class KVCache:
         """Called by the model before it runs ``T`` new positions: checks the room, sets the masking."""
         if self.length + T > self.max_len:
             raise ValueError(f"the cache holds {self.max_len} positions; {self.length} are filled and {T} more were given")
+        for layer in self.layers:
+            layer.read = False
         if T == 1:  # one query sees every key so far
             self.masking = {"attn_mask": None, "is_causal": False}
         elif self.length == 0:  # the prompt: the square causal mask, as in training
@@ -63,8 +69,17 @@ class KVCache:
             mask = keys[None, :] <= (self.length + torch.arange(T, device=device))[:, None]
             self.masking = {"attn_mask": mask, "is_causal": False}
 
-    def advance(self, T: int) -> None:
-        """Called by the model after the ``T`` positions ran."""
+    def advance(self, T: int, modules: Optional[list] = None) -> None:
+        """Called by the model after the ``T`` positions ran; ``modules`` (the attention module of each layer, in
+        order) are named in the ``ValueError`` raised when one of them did not read its layer's cache in this call:
+        its logits would ignore the earlier positions (nothing is advanced then)."""
+        skipped = [i for i, layer in enumerate(self.layers) if not layer.read]
+        if skipped:
+            i = skipped[0]
+            what = f" ({type(modules[i]).__module__}.{type(modules[i]).__qualname__})" if modules else ""
+            raise ValueError(f"attention layer {i}{what} did not read the key/value cache ({len(skipped)} of "
+                             f"{len(self.layers)} layers did not): its forward does not take the cache path, so the "
+                             "logits would ignore the earlier positions; use generate(..., use_cache=False)")
         self.length += T
         self.masking = {}
 
@@ -80,6 +95,12 @@ def cache_unsupported(model) -> Optional[str]:
         if not any(isinstance(m, CausalSelfAttention) for m in block.modules()):
             return (f"block {i} ({type(block).__module__}.{type(block).__qualname__}) has no CausalSelfAttention, "
                     "the module that reads the key/value cache")
+        for m in block.modules():
+            cls = type(m)
+            if isinstance(m, CausalSelfAttention) and cls.forward is not CausalSelfAttention.forward and \
+                    cls._forward_cached is CausalSelfAttention._forward_cached:
+                return (f"block {i}'s attention {cls.__module__}.{cls.__qualname__} overrides forward but not "
+                        "_forward_cached, so decoding with the cache would skip its own computation")
     cls = type(model)
     if isinstance(model, Transformer) and cls.forward is not Transformer.forward and \
             cls.forward_cached is Transformer.forward_cached:

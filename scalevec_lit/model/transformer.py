@@ -145,7 +145,7 @@ class Transformer(nn.Module):
         finally:
             for attn in layers:
                 attn.kv_cache = None
-        cache.advance(T)
+        cache.advance(T, layers)  # refuses a layer that did not read its cache (its logits ignore the earlier tokens)
         return logits
 
     def aux_losses(self) -> dict[str, torch.Tensor]:

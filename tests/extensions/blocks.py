@@ -6,7 +6,10 @@
 - ``PlainNormSandwichBlock``: the same written with ``nn.RMSNorm``: its gains are not scale vectors (fit
   reports them at start with the class to use instead);
 - ``GeluMLPBlock``: ``build_mlp`` overridden by an MLP of its own that composes a ``NormSite``;
-- ``PlainAttentionBlock``: ``build_attention`` overridden by an attention of its own (no scale site, no cache).
+- ``PlainAttentionBlock``: ``build_attention`` overridden by an attention of its own (no scale site, no cache);
+- ``CacheBlindBlock``: ``build_attention`` overridden by a ``CausalSelfAttention`` subclass whose ``forward``
+  ignores the key/value cache;
+- ``AttentionOnlyBlock``: not a ``Block`` subclass, and without ``.mlp`` (from Python only).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scalevec_lit.model import Block
+from scalevec_lit.model.attention import CausalSelfAttention
 from scalevec_lit.scale import Branch, NormSite, OutputNorm
 
 
@@ -113,9 +117,24 @@ class AttentionOnlyBlock(nn.Module):
 
     def __init__(self, config, layer, strategy) -> None:
         super().__init__()
-        from scalevec_lit.model.attention import CausalSelfAttention
-
         self.attn = CausalSelfAttention(config, layer, strategy)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return x + self.attn(x, cos, sin)
+
+
+class CacheBlindAttention(CausalSelfAttention):
+    """The stock attention with ``forward`` rewritten (the output halved) and without the cache path: decoding with
+    the cache would give other logits, so it is refused (``generate()`` runs without the cache)."""
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        saved, self.kv_cache = self.kv_cache, None
+        try:
+            return 0.5 * super().forward(x, cos, sin)
+        finally:
+            self.kv_cache = saved
+
+
+class CacheBlindBlock(Block):
+    def build_attention(self, config, layer, strategy) -> nn.Module:
+        return CacheBlindAttention(config, layer, strategy)
