@@ -26,6 +26,7 @@ from . import stats
 from .events import read_scalars, run_endpoint
 from .figures import plot_dynamics, plot_lr_sweep, plot_paired, plot_val
 from .runner import now
+from .downstream import report_section as downstream_section
 from .secondary import report_section as secondary_section
 from .spec import DONE, VAL_TAG, Run, Study, fmt_lr, load_study
 
@@ -318,6 +319,7 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
         L += ["", _power_text(study, summary), ""]
     L += ["## Claims", "", *claim_sections]
     L += secondary_section(study, runs, grid.best_key)
+    L += downstream_section(runs, grid.order, grid.best_key)
 
     # -- figures -----------------------------------------------------------------------------------------
     curves, labels, dyn_roots = {}, {}, {}
