@@ -46,7 +46,7 @@ def describe_strategy(model: nn.Module) -> str:
     s = getattr(model, "strategy", None)
     if s is None:
         return "unknown strategy"
-    vector = getattr(s.vector, "__name__", type(s.vector).__name__)
+    vector = getattr(getattr(s.vector, "func", s.vector), "__name__", type(s.vector).__name__)  # a class or a partial
     placement = {b: s.placement.of(b) for b in ("q", "k", "v", "gate", "up", "router")}
     moved = ", ".join(f"{b}: {p}" for b, p in placement.items() if p != "input") or "all input"
     return f"{vector}, placement {moved}{', branch-specific (HG)' if s.branch_specific else ''}"

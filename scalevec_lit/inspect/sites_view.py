@@ -104,6 +104,9 @@ def _plan_fold(view: VectorView, site, names: dict[int, list[str]]) -> None:
         view.reason = ("a norm on the sublayer's output before the residual add: no linear map reads it, it stays "
                        "as a norm weight")
         return
+    if view.role != INPUT and not isinstance(site, NormSite):
+        view.reason = f"output role ({type(site).__name__} says no linear map absorbs it): it stays as a norm weight"
+        return
     if view.role != INPUT:
         what = {"q": "q per head (QK-norm)", "k": "k per head (QK-norm)"}.get(view.branch, f"the {view.branch} output")
         then = " then RoPE and the attention softmax" if view.branch in ("q", "k") else " then a nonlinearity"
@@ -117,8 +120,15 @@ def _plan_fold(view: VectorView, site, names: dict[int, list[str]]) -> None:
             view.targets, kind = found
             view.reason = f"{kind}: exactly into the {', '.join(t.describe() for t in view.targets)}"
             return
+    elif view.consumers:  # another kind of site: the registry's consumers are what its fold_ reads
+        view.targets = [FoldTarget(_name(names, c.weight, c.name),
+                                   "columns" if c.axis % c.weight.ndim == c.weight.ndim - 1 else "rows")
+                        for c in view.consumers]
+        view.reason = f"into its consumers (as {type(site).__name__} names them): the " + \
+            ", ".join(t.describe() for t in view.targets)
+        return
     view.folds = False  # an input-role scale whose fold target this view cannot name: say so, do not guess
-    view.reason = "input role, but the site names no weight it folds into"
+    view.reason = f"input role, but {type(site).__name__} names no weight it folds into"
 
 
 def _targets(site: NormSite, vector: ScaleVector, names) -> Optional[tuple[list[FoldTarget], str]]:
