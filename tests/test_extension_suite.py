@@ -191,9 +191,17 @@ def test_export_is_exact_or_refused_by_name(run, tmp_path):
     model, kind = run["model"], run["kind"]
     export(run["ckpt"], tmp_path / "native", format="native")
     assert_same_function(load_model(tmp_path / "native")[0], model)
-    if kind == "vector":  # the stock Pre-Norm model with the user's γ: folded into a Llama
+    if kind == "vector":  # the stock Pre-Norm model with the user's γ: folded into a Llama, the same logits
+        from transformers import AutoModelForCausalLM
+
         result = export(run["ckpt"], tmp_path / "hf", format="hf")
         assert result.architecture == "LlamaForCausalLM"
+        hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+        idx = tokens(model)
+        with torch.no_grad():
+            a, b = model(idx), hf(input_ids=idx).logits
+        # float32 both, the same products in another order (γ folded into the weights): a few ulps of the largest
+        torch.testing.assert_close(b, a, rtol=0, atol=64 * torch.finfo(torch.float32).eps * a.abs().max().item())
         return
     with pytest.raises(ExportError) as err:
         export(run["ckpt"], tmp_path / "hf", format="hf")
@@ -308,7 +316,6 @@ def test_convert_to_another_strategy_is_exact_or_refused_by_name(name, strategy,
     idx = tokens(converted)
     with torch.no_grad():
         a, b = trained.double()(idx), converted.double()(idx)
-    print(name, strategy.stem, float((a - b).abs().max() / a.abs().max()))
     # float64 logits of the float32 weights as trained and as converted: apart only by float32 rounding
     torch.testing.assert_close(b, a, rtol=0, atol=16 * torch.finfo(torch.float32).eps * a.abs().max().item())
 
@@ -371,3 +378,34 @@ def test_an_attention_that_ignores_the_cache_is_refused():
                                          r"did not read the key/value cache \(1 of 2 layers did not\)"):
         stock.forward_cached(prompt, cache)
     assert cache.length == 0
+
+
+# -- the ScaleVector inverse of a user class, and the page that documents all this --------------------------------
+@torch.no_grad()
+def test_scale_vector_inverse_contract():
+    from extensions.scales import SoftplusScale, TanhScale
+
+    from scalevec_lit.scale.vector import NoInverse
+
+    vec = SoftplusScale(6)
+    target = torch.tensor([0.25, 0.5, 1.0, 1.5, 3.0, 40.0])
+    assert SoftplusScale.invertible() and vec.set_gamma_(target)
+    torch.testing.assert_close(vec(), target, rtol=4 * torch.finfo(torch.float32).eps, atol=0)
+    before = vec.scale.clone()
+    assert vec.set_gamma_(torch.tensor([1.0, 1.0, -1.0, 1.0, 1.0, 1.0])) is False  # no w gives γ ≤ 0
+    assert torch.equal(vec.scale, before)
+    assert not TanhScale.invertible()
+    with pytest.raises(NoInverse, match=r"^extensions\.scales\.TanhScale has no inverse \(ScaleVector\.set_gamma_\)"):
+        TanhScale(6).set_gamma_(torch.ones(6))
+
+
+def test_every_test_the_subclassing_page_names_exists():
+    import re
+
+    page = (ROOT / "docs" / "subclassing.md").read_text()
+    named = set(re.findall(r"`(test_\w+)`", page))
+    defined = set()
+    for path in (ROOT / "tests" / "test_extension_suite.py", ROOT / "tests" / "test_extensions.py"):
+        defined |= set(re.findall(r"^def (test_\w+)", path.read_text(), flags=re.M))
+    assert named and named <= defined, sorted(named - defined)
+    assert defined <= named | {"test_every_test_the_subclassing_page_names_exists"}, sorted(defined - named)
