@@ -14,6 +14,9 @@ compiles; ``tests/test_moe_compile.py``):
   per expert over all rows, each row kept from its own expert (exact, E times the FLOPs: a reference and
   test path, never the recipes' one).
 
+Every path is twice differentiable (Hessian-vector products): torch's own ``_grouped_mm`` and the matmul
+loops by autograd, ``scalevec::grouped_mm`` through the registered derivatives of its two operators.
+
 Eager ``loop`` (and ``auto`` where the grouped kernel does not run) slices the rows by the offsets read on
 the host: one read per call, fast on a CPU, a sync on a GPU.
 
@@ -76,6 +79,23 @@ def _grouped_mm_backward(ctx, g):
 
 
 _grouped_mm_op.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
+
+
+# the weight gradient's own derivative, so that the operator is twice differentiable (Hessian-vector products
+# through it): dw_e = g_eᵀ x_e, hence with G = ∂L/∂dw: ∂L/∂g_e = x_e G_eᵀ and ∂L/∂x_e = g_e G_e
+def _weight_grad_setup(ctx, inputs, output) -> None:
+    g, x, offs = inputs
+    ctx.save_for_backward(g, x, offs)
+
+
+def _weight_grad_backward(ctx, G):
+    g, x, offs = ctx.saved_tensors
+    dg = _grouped_mm_op(x, G, offs) if ctx.needs_input_grad[0] else None
+    dx = _grouped_mm_op(g, G.transpose(-2, -1), offs) if ctx.needs_input_grad[1] else None
+    return dg, dx, None
+
+
+_grouped_mm_weight_grad.register_autograd(_weight_grad_backward, setup_context=_weight_grad_setup)
 
 
 # -- the three ways -------------------------------------------------------------------------------------------

@@ -27,16 +27,52 @@ compile was measured (benchmarks/compiled.py, 2026-12-04: inductor, dense and Mo
 within the noise, and ``group_norm_rope``'s made compiled unified save 2 MiB more (1.08× baseline instead
 of 1.06×; ``scaled_linear``'s changed nothing).
 
+Second derivatives (Hessian-vector products: ``torch.autograd.grad(..., create_graph=True)`` and a second
+grad through it). ``scaled_linear``'s backward is written with differentiable torch ops on saved *inputs*
+only, so it is twice differentiable as it is. ``group_norm_rope``'s backward reads its saved output and a
+reciprocal RMS computed in the forward (not a function of the input as autograd sees it), so it is not:
+inside ``higher_order()`` it is the plain torch composition (``_group_norm_rope_plain``: same function,
+autograd's own, twice differentiable; more passes and more saved memory, which an HVP does not mind), and
+its backward refuses a graph request (``create_graph=True``) made outside that context instead of
+returning a wrong second derivative. ``higher_order()`` also restricts ``scaled_dot_product_attention`` to
+the math kernel (torch's fused CPU/GPU kernels have no double backward) and tells the MoE expert matmul
+(``model/experts.py``) it is on. The first-order training path is unchanged (one flag read per call).
+``tests/test_double_backward.py`` checks HVPs of every preset against finite differences and the dense Hessian.
+
 Also the rotate-half RoPE (``apply_rope``) that both this module and the model use.
 
 Plain torch only: must not import Lightning or ``scalevec_lit.model``.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence
+import contextlib
+from typing import Iterator, NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+
+_HIGHER_ORDER = [False]  # set by higher_order(); a list so that every importer sees the one value
+
+
+def higher_order_enabled() -> bool:
+    """True inside ``higher_order()``."""
+    return _HIGHER_ORDER[0]
+
+
+@contextlib.contextmanager
+def higher_order() -> Iterator[None]:
+    """Forward passes whose graph will be differentiated twice (Hessian-vector products): the fused
+    functions become their plain torch composition and attention uses the math kernel. Eager only (a
+    compiled graph cannot be differentiated twice)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    previous = _HIGHER_ORDER[0]
+    _HIGHER_ORDER[0] = True
+    try:
+        with sdpa_kernel([SDPBackend.MATH]):
+            yield
+    finally:
+        _HIGHER_ORDER[0] = previous
 
 
 def rms_norm(x: torch.Tensor, eps: float, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -285,6 +321,12 @@ class _GroupNormRope(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gy):
+        if torch.is_grad_enabled() and not torch.compiler.is_compiling():  # create_graph=True: not ours to give
+            raise RuntimeError(
+                "group_norm_rope: a second derivative (create_graph=True) was requested through a forward made "
+                "outside scalevec_lit.scale.ops.higher_order(); its fused backward is not twice differentiable. "
+                "Run the forward inside `with higher_order():` (the plain torch composition), as "
+                "scalevec_lit.callbacks.SharpnessMonitor does")
         y, rstd, u, cos, sin, n = ctx.saved_tensors
         if n is not None:
             return _backward_from_input(ctx, gy, n, rstd, u, cos, sin)
@@ -338,4 +380,17 @@ def group_norm_rope(
 ) -> torch.Tensor:
     """``RoPE(u ⊙ a / RMS(a))`` over the last dim of ``a`` ``[B, T, G, g]``; ``u`` is ``[G, g]`` or None,
     RoPE only when ``cos``/``sin`` are given."""
+    if _HIGHER_ORDER[0]:
+        return _group_norm_rope_plain(a, u, cos, sin, eps)
     return _GroupNormRope.apply(a, u, cos, sin, eps)
+
+
+def _group_norm_rope_plain(a, u, cos, sin, eps: float) -> torch.Tensor:
+    """The same function as ``_GroupNormRope`` in plain torch ops (twice differentiable; ``higher_order()``)."""
+    compute = _compute_dtype_of(a)
+    z = rms_norm(a.to(compute), eps)
+    if u is not None:
+        z = z * u.to(compute)
+    if cos is not None:
+        z = apply_rope(z, cos, sin)
+    return z.to(a.dtype)

@@ -1,0 +1,179 @@
+"""The sharpness monitor's maths: Hessian-vector products over a parameter subset, Lanczos for the top
+eigenvalues of a symmetric operator, and the diagonal preconditioner and stability threshold of the
+optimizer in use (Cohen et al., "Gradient descent on neural networks typically occurs at the edge of
+stability", 2021, and "Adaptive gradient methods at the edge of stability", 2022).
+
+Vectors are flat tensors in the parameters' dtype on their device (one entry per parameter entry, in the
+subset's order); scalars of the iteration (α, β, the tridiagonal matrix and its eigenvalues) are float64.
+Plain torch: no Lightning.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+
+Operator = Callable[[torch.Tensor], torch.Tensor]
+
+
+def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [part.view_as(p) for part, p in zip(flat.split([p.numel() for p in like]), like)]
+
+
+def hessian_operator(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> Operator:
+    """``v ↦ H v`` with ``H`` the Hessian of ``loss`` with respect to ``params`` (the other parameters held
+    fixed). The gradient graph is built once (``create_graph``) and differentiated again per product; the
+    forward that made ``loss`` must have run inside ``scalevec_lit.scale.ops.higher_order()``."""
+    params = list(params)
+    grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+    pairs = [(g, p) for g, p in zip(grads, params)]
+
+    def apply(v: torch.Tensor) -> torch.Tensor:
+        vs = unflatten(v, params)
+        dot = sum((g * t).sum() for (g, _), t in zip(pairs, vs) if g is not None)
+        if not torch.is_tensor(dot) or not dot.requires_grad:  # the loss is linear in the subset
+            return torch.zeros_like(v)
+        hv = torch.autograd.grad(dot, params, retain_graph=True, allow_unused=True)
+        return flatten([h if h is not None else torch.zeros_like(p) for h, p in zip(hv, params)])
+
+    return apply
+
+
+def scaled(op: Operator, d: torch.Tensor) -> Operator:
+    """``v ↦ D H D v`` with ``D = diag(d)``: the Hessian in the preconditioned coordinates."""
+    return lambda v: d * op(d * v)
+
+
+@dataclass
+class Eigen:
+    """The ``k`` largest eigenvalues found (descending), the Lanczos steps taken, and whether the largest
+    ``k`` met the tolerance (residual ``|β_m s_mi| ≤ tol · |θ_i|``) or the Krylov space became invariant."""
+
+    values: list[float]
+    iterations: int
+    converged: bool
+
+
+def lanczos(op: Operator, n: int, k: int, iterations: int, tol: float, seed: int, like: torch.Tensor) -> Eigen:
+    """The ``k`` largest (algebraic) eigenvalues of the symmetric operator ``op`` on vectors of ``n``
+    entries, by Lanczos with full reorthogonalization from a start vector drawn with ``seed`` (on the CPU,
+    so the same on every device), at most ``iterations`` products. Memory: ``iterations`` vectors."""
+    gen = torch.Generator().manual_seed(int(seed))
+    q = torch.randn(n, generator=gen, dtype=torch.float64).to(device=like.device, dtype=like.dtype)
+    q = q / q.double().norm().to(q.dtype)
+    basis: list[torch.Tensor] = []
+    alphas: list[float] = []
+    betas: list[float] = []
+    values: list[float] = []
+    for j in range(min(iterations, n)):
+        basis.append(q)
+        w = op(q)
+        alpha = float(torch.dot(w.double(), q.double()))
+        alphas.append(alpha)
+        Q = torch.stack(basis)
+        for _ in range(2):  # full reorthogonalization, twice ("twice is enough")
+            w = w - (Q.double().T @ (Q.double() @ w.double())).to(w.dtype)
+        beta = float(w.double().norm())
+        T = torch.diag(torch.tensor(alphas, dtype=torch.float64))
+        if betas:
+            off = torch.tensor(betas, dtype=torch.float64)
+            T += torch.diag(off, 1) + torch.diag(off, -1)
+        theta, S = torch.linalg.eigh(T)
+        order = torch.argsort(theta, descending=True)[:k]
+        values = [float(theta[i]) for i in order]
+        scale = max(float(theta.abs().max()), 1e-300)
+        if beta <= 1e-12 * scale:  # invariant subspace: the Ritz values are exact eigenvalues
+            return Eigen(values, j + 1, True)
+        if j + 1 >= k and all(abs(beta * float(S[-1, i])) <= tol * max(abs(float(theta[i])), 1e-30 * scale)
+                              for i in order):
+            return Eigen(values, j + 1, True)
+        betas.append(beta)
+        q = w / beta
+    return Eigen(values, len(alphas), False)
+
+
+# -- the optimizer's preconditioner and threshold ---------------------------------------------------------
+@dataclass
+class Preconditioner:
+    """``d``: the diagonal of ``P^{-1/2}`` (flat, the subset's order) with each group's learning rate relative
+    to ``lr`` folded in (``√(η_g/η)``: one η for the whole subset); ``threshold``: the stability threshold of
+    ``λ_max(diag(d) H diag(d))`` at learning rate ``lr``; ``kind``: ``adam`` or ``sgd``; ``d`` is None for
+    SGD with one learning rate (the raw Hessian is the preconditioned one)."""
+
+    kind: str
+    d: Optional[torch.Tensor]
+    lr: float
+    threshold: float
+
+
+def _group_of(optimizer: torch.optim.Optimizer) -> dict[int, dict]:
+    return {id(p): g for g in optimizer.param_groups for p in g["params"]}
+
+
+def _lr(group: dict) -> float:
+    lr = group["lr"]
+    return float(lr) if torch.is_tensor(lr) else float(lr)
+
+
+def optimizer_kind(optimizer: torch.optim.Optimizer, group: dict) -> str:
+    """``adam`` (Adam, AdamW, and the AdamW part of ``MuonAdamW``), ``sgd``, ``muon`` or the class name."""
+    if group.get("use_muon"):
+        return "muon"
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) or (
+            "use_muon" in group and "betas" in group):
+        return "adam"
+    if isinstance(optimizer, torch.optim.SGD):
+        return "sgd"
+    return type(optimizer).__name__
+
+
+def preconditioner(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> tuple[Optional[Preconditioner], str]:
+    """The preconditioner of ``optimizer`` over ``params``, or None and the reason.
+
+    Adam/AdamW: ``P = diag(√v̂ + ε)``, ``v̂ = v / (1 − β₂ᵗ)`` (``max_exp_avg_sq`` with amsgrad), the
+    denominator of its update ``θ ← θ − η m̂ / (√v̂ + ε)``; threshold ``(2 + 2β₁) / ((1 − β₁) η)``.
+    SGD (momentum μ): ``P = I``, threshold ``(2 + 2μ) / η`` (``2/η`` for plain gradient descent), Nesterov
+    ``(2 + 2μ) / ((1 + 2μ) η)``. η is the largest learning rate in the subset; a group with a smaller one
+    enters ``d`` with ``√(η_g/η)``.
+    """
+    groups = _group_of(optimizer)
+    chosen = [groups.get(id(p)) for p in params]
+    if any(g is None for g in chosen):
+        return None, "some parameters of the subset are not in the optimizer"
+    kinds = {optimizer_kind(optimizer, g) for g in chosen}
+    if kinds == {"muon"} or "muon" in kinds:
+        return None, ("Muon updates (part of) the subset: its orthogonalized update has no diagonal preconditioner, "
+                      "so only the raw sharpness is logged")
+    if len(kinds) > 1 or not kinds <= {"adam", "sgd"}:
+        return None, (f"{type(optimizer).__name__} ({', '.join(sorted(kinds))}) has no preconditioner this monitor "
+                      "knows (Adam/AdamW or SGD), so only the raw sharpness is logged")
+    lr = max(_lr(g) for g in chosen)
+    if not lr > 0:
+        return None, "the learning rate is 0"
+    ref = max(chosen, key=_lr)
+    kind = kinds.pop()
+    if kind == "sgd":
+        mu = float(ref.get("momentum", 0.0))
+        threshold = (2 + 2 * mu) / ((1 + 2 * mu) * lr) if ref.get("nesterov") else (2 + 2 * mu) / lr
+        if all(_lr(g) == lr for g in chosen):
+            return Preconditioner("sgd", None, lr, threshold), ""
+        d = flatten([torch.full_like(p, math.sqrt(_lr(g) / lr)) for p, g in zip(params, chosen)])
+        return Preconditioner("sgd", d, lr, threshold), ""
+    parts = []
+    for p, g in zip(params, chosen):
+        state = optimizer.state.get(p, {})
+        v = state.get("max_exp_avg_sq" if g.get("amsgrad") else "exp_avg_sq")
+        if v is None or "step" not in state:
+            return None, "Adam has no second-moment estimate before its first step"
+        step = float(state["step"])
+        beta2 = float(g["betas"][1])
+        denom = (v.detach() / (1 - beta2 ** step)).sqrt() + float(g["eps"])
+        parts.append(math.sqrt(_lr(g) / lr) * denom.rsqrt())
+    beta1 = float(ref["betas"][0])
+    return Preconditioner("adam", flatten(parts).to(params[0].dtype), lr, (2 + 2 * beta1) / ((1 - beta1) * lr)), ""

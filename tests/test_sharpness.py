@@ -1,0 +1,167 @@
+"""SharpnessMonitor (issue 27): its eigenvalues against the dense Hessian's, its preconditioned sharpness
+against a direct computation from the optimizer's state, its thresholds, its subsets, its tags at the right
+steps from YAML, and its schedule and held-out batch across a resume.
+
+Tolerances: the models are float64 and Lanczos runs with ``tol=1e-10``; for a symmetric matrix a Ritz value
+θ with residual ``‖H y − θ y‖ = |β s| ≤ tol |θ|`` is within ``tol |θ|`` of an eigenvalue, and Lanczos finds
+the extreme ones first, so each of the top three is within 1e-10 relative plus float64 rounding of
+``eigvalsh``'s: bound 1e-9.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import main_in_process, scalars, smoke_args
+from scalevec_lit.callbacks import SharpnessMonitor
+from scalevec_lit.lit.optim import MuonAdamW, build_param_groups
+from scalevec_lit.scale import scale_parameters
+from scalevec_lit.scale.ops import higher_order
+from test_double_backward import build, flat_loss
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def micro(preset: str = "unified", moe: bool = False):
+    model = build(preset, moe, 1, experts=(2, 1, 4), vocab_size=8, n_embd=8, intermediate_size=8)
+    return model, torch.randint(0, 8, (2, 5))
+
+
+def dense_hessian(model, idx) -> torch.Tensor:
+    f, theta = flat_loss(model, idx)
+    with higher_order():
+        return torch.autograd.functional.hessian(f, theta, vectorize=True)
+
+
+def positions(model, params) -> torch.Tensor:
+    """Indices of ``params`` in the flattened parameter vector of ``flat_loss``."""
+    ids, out, start = {id(p) for p in params}, [], 0
+    for p in model.parameters():
+        if p.requires_grad:
+            if id(p) in ids:
+                out.append(torch.arange(start, start + p.numel()))
+            start += p.numel()
+    return torch.cat(out)
+
+
+def close(a: float, b: float, bound: float = 1e-9) -> bool:
+    return abs(a - b) <= bound * abs(b)
+
+
+@pytest.mark.parametrize("preset, moe", [("unified", False), ("hg", True)], ids=["unified-dense", "hg-moe"])
+def test_top_eigenvalues_equal_eigvalsh_of_the_dense_hessian(preset, moe):
+    model, idx = micro(preset, moe)
+    H = dense_hessian(model, idx)
+    H = (H + H.T) / 2  # (the MoE router's float32 logits leave an asymmetry of about 2^-24)
+    monitor = SharpnessMonitor(top_k=3, iterations=80, tol=1e-10, params=["all", "scales:input"])
+    out = monitor.measure(model, idx, optimizer=None)
+    top = torch.linalg.eigvalsh(H).flip(0)[:3].tolist()
+    bound = 1e-9 if not moe else 1e-6  # MoE: compared with the symmetrized matrix
+    for name, value in zip(("lambda_max", "lambda_2", "lambda_3"), top):
+        assert close(out[f"sharpness/{name}"], value, bound), (name, out[f"sharpness/{name}"], value)
+    sub = positions(model, [sp.param for sp in scale_parameters(model) if sp.info.role == "input"])
+    sub_top = torch.linalg.eigvalsh(H[sub][:, sub]).flip(0)[:3].tolist()
+    for name, value in zip(("lambda_max", "lambda_2", "lambda_3"), sub_top):
+        assert close(out[f"sharpness/scales_input/{name}"], value, bound)
+    assert "sharpness/threshold" not in out  # no optimizer, nothing to compare with
+
+
+def adam_steps(model, idx, optimizer, steps: int = 3) -> None:
+    from scalevec_lit.callbacks.sharpness import objective
+
+    for _ in range(steps):
+        optimizer.zero_grad()
+        objective(model, idx).backward()
+        optimizer.step()
+
+
+def test_preconditioned_sharpness_equals_a_direct_computation_from_adams_state():
+    model, idx = micro()
+    groups = build_param_groups(model, {"scale": {"lr": 0.004}})  # two learning rates: η = 0.01 the largest
+    opt = torch.optim.AdamW(groups, lr=0.01, betas=(0.8, 0.99), eps=1e-6)
+    adam_steps(model, idx, opt)
+    out = SharpnessMonitor(iterations=80, tol=1e-10).measure(model, idx, opt)
+    # direct: P = diag(sqrt(v / (1 - β2^t)) + eps), each group's η_g / η folded in, λ_max of D H D
+    d = []
+    for p in model.parameters():
+        group = next(g for g in opt.param_groups if any(q is p for q in g["params"]))
+        st = opt.state[p]
+        v_hat = st["exp_avg_sq"] / (1 - 0.99 ** float(st["step"]))
+        d.append(((group["lr"] / 0.01) / (v_hat.sqrt() + 1e-6)).sqrt().flatten())
+    d = torch.cat(d)
+    direct = torch.linalg.eigvalsh(d[:, None] * dense_hessian(model, idx) * d[None, :])[-1].item()
+    assert close(out["sharpness/precond_lambda_max"], direct)
+    assert out["sharpness/threshold"] == (2 + 2 * 0.8) / ((1 - 0.8) * 0.01)
+    assert out["sharpness/threshold_ratio"] == out["sharpness/precond_lambda_max"] / out["sharpness/threshold"]
+
+
+def test_sgd_threshold_and_muon_says_once_that_it_has_none(recwarn):
+    model, idx = micro()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    out = SharpnessMonitor(iterations=30).measure(model, idx, sgd)
+    assert out["sharpness/threshold"] == (2 + 2 * 0.9) / 0.05
+    assert "sharpness/precond_lambda_max" not in out  # one learning rate: P = I, the raw λ_max is compared
+    assert out["sharpness/threshold_ratio"] == out["sharpness/lambda_max"] / out["sharpness/threshold"]
+
+    muon = MuonAdamW(build_param_groups(model), lr=0.01, muon_lr=0.02)
+    adam_steps(model, idx, muon, 1)
+    monitor = SharpnessMonitor(iterations=30, params=["all", "scales"])
+    for _ in range(2):
+        out = monitor.measure(model, idx, muon)
+    assert "sharpness/threshold" not in out and "sharpness/precond_lambda_max" not in out
+    assert "sharpness/scales/precond_lambda_max" in out  # the scales are AdamW's in the hybrid
+    said = [str(w.message) for w in recwarn if "Muon updates" in str(w.message)]
+    assert said == ["SharpnessMonitor: params 'all': no preconditioned sharpness: Muon updates (part of) the subset: "
+                    "its orthogonalized update has no diagonal preconditioner, so only the raw sharpness is logged"]
+
+
+def test_arguments_are_checked():
+    with pytest.raises(ValueError, match=r"SharpnessMonitor.params: 'scales:middle' is not a parameter subset; "
+                                         r"use some of all, matrices, scales, scales:input, scales:output"):
+        SharpnessMonitor(params=["scales:middle"])
+    with pytest.raises(ValueError, match=r"SharpnessMonitor.iterations: 2 must be >= top_k \(3\)"):
+        SharpnessMonitor(top_k=3, iterations=2)
+    with pytest.raises(ValueError, match=r"SharpnessMonitor.every_n_steps: 0 must be >= 1"):
+        SharpnessMonitor(every_n_steps=0)
+
+
+def _config(tmp_path, every_ckpt: int) -> str:
+    cfg = tmp_path / "sharpness.yaml"
+    cfg.write_text(
+        "trainer:\n  callbacks:\n"
+        "    - class_path: scalevec_lit.callbacks.SafeModelCheckpoint\n"
+        f"      init_args: {{every_n_train_steps: {every_ckpt}, save_last: true, save_top_k: -1}}\n"
+        "    - class_path: lightning.pytorch.callbacks.LearningRateMonitor\n"
+        "    - class_path: scalevec_lit.callbacks.SharpnessMonitor\n"
+        "      init_args: {every_n_steps: 2, top_k: 2, iterations: 4, batch_size: 2, params: [all, 'scales:input']}\n"
+    )
+    return str(cfg)
+
+
+def test_callback_from_yaml_logs_at_its_steps_and_resume_keeps_its_schedule(prepared_data, tmp_path, capfd, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    small = ["--model.config.n_layer=1", "--model.config.n_embd=32", "--model.config.n_head=2",
+             "--model.config.n_kv_head=1", "--model.config.seq_len=32", "--data.batch_size=2",
+             "--trainer.val_check_interval=1000", "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=1"]
+    code, out = main_in_process(capfd, smoke_args(prepared_data, tmp_path, 4, "--config", _config(tmp_path, 4), *small))
+    assert code == 0, out[-3000:]
+    logs = scalars(tmp_path / "smoke" / "version_0")
+    for tag in ("sharpness/lambda_max", "sharpness/lambda_2", "sharpness/loss", "sharpness/scales_input/lambda_max"):
+        assert sorted(s for s, _ in logs[tag]) == [0, 2, 4], tag
+    # AdamW has a second moment from the first step on: preconditioned values at 2 and 4, not at 0
+    assert sorted(s for s, _ in logs["sharpness/precond_lambda_max"]) == [2, 4]
+    lr = dict(logs["lr/matrix"])  # the learning rate of the next update, as the monitor reads it
+    checked = [(step, value) for step, value in logs["sharpness/threshold"] if step in lr]  # lr: steps 0-3
+    assert [step for step, _ in checked] == [2]
+    for step, value in checked:
+        assert value == pytest.approx((2 + 2 * 0.9) / ((1 - 0.9) * lr[step]), rel=1e-6)  # (logged as float32)
+
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["callbacks"]
+    (kept,) = [v for k, v in state.items() if k.startswith("SharpnessMonitor")]
+    assert kept["last_step"] == 4 and kept["batch"].shape == (2, 33)
+
+    code, out = main_in_process(capfd, smoke_args(prepared_data, tmp_path, 6, "--config", _config(tmp_path, 4), *small,
+                                                  "--ckpt_path=last"))
+    assert code == 0, out[-3000:]
+    resumed = scalars(tmp_path / "smoke" / "version_1")
+    assert sorted(s for s, _ in resumed["sharpness/lambda_max"]) == [6]  # not 4 again, and not 5
