@@ -171,13 +171,19 @@ def test_study_report_shows_downstream_metrics_beside_the_loss(tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 
     from scalevec_lit.study import report as st_report
-    from scalevec_lit.study.spec import DONE, Run
+    from scalevec_lit.study.spec import DONE, Run, load_study, run_callbacks
 
     out = tmp_path / "s"
     runs = out / "runs"
     runs.mkdir(parents=True)
-    spec = {"name": "ds", "base": [], "seeds": [1, 2], "variants": [{"name": "baseline"}, {"name": "unified"}]}
+    spec = {"name": "ds", "base": [str(ROOT / "recipes" / "smoke.yaml")], "seeds": [1, 2],
+            "variants": [{"name": "baseline"}, {"name": "unified"}],
+            "callbacks": {"scalevec_lit.callbacks.DownstreamEval": {"tasks": ["tiny_choice"], "every_n_steps": 5}}}
     (runs / "study.yaml").write_text(yaml.safe_dump(spec))
+    study = load_study(runs / "study.yaml")  # the study's callbacks key adds it to every run
+    added = run_callbacks(study, study.variants[0])[-1]
+    assert added == {"class_path": "scalevec_lit.callbacks.DownstreamEval",
+                     "init_args": {"tasks": ["tiny_choice"], "every_n_steps": 5}}
     acc = {("baseline", 1): 0.25, ("baseline", 2): 0.35, ("unified", 1): 0.5, ("unified", 2): 0.6}
     for (variant, seed), a in acc.items():
         root = runs / Run(variant, None, seed).rel()
@@ -194,3 +200,21 @@ def test_study_report_shows_downstream_metrics_beside_the_loss(tmp_path):
     assert "| variant | LR | val loss | tiny_choice/acc |" in report
     assert "| baseline | n/a | 2.7000 ± 0.0707 (2) | 0.3000 ± 0.0707 (2) @ 10 |" in report
     assert "| unified | n/a | 2.4500 ± 0.0707 (2) | 0.5500 ± 0.0707 (2) @ 10 |" in report
+
+
+def test_the_example_recipe_adds_the_callback_to_the_smoke_recipe():
+    """recipes/examples/downstream_eval.yaml appends to the recipe's callbacks (docs/evaluate.md's command)."""
+    import yaml
+
+    from helpers import SMOKE, print_config, recipe
+    from scalevec_lit.callbacks import DownstreamEval
+
+    example = recipe("examples", "downstream_eval.yaml")
+    callbacks = yaml.safe_load(print_config("--config", SMOKE, "--config", example))["trainer"]["callbacks"]
+    smoke = yaml.safe_load(Path(SMOKE).read_text())["trainer"]["callbacks"]
+    assert [c["class_path"] for c in callbacks] == [c["class_path"] for c in smoke] + [
+        "scalevec_lit.callbacks.DownstreamEval"]
+    args = yaml.safe_load(Path(example).read_text())["trainer"]["callbacks+"][0]["init_args"]
+    cb = DownstreamEval(**args)
+    assert (cb.tasks, cb.every_n_steps, cb.limit) == (["tiny_choice"], 100, 10)
+    assert (ROOT / cb.include_path[0] / "tiny_choice.yaml").is_file()
