@@ -144,6 +144,25 @@ def test_roles_sites_and_fold_targets_named_per_strategy():
         "columns of blocks.1.mlp.input.proj.gate.weight[3]", "columns of blocks.1.mlp.input.proj.up.weight[3]"]
 
 
+def test_user_block_and_user_parameterization():
+    """A user block with its own output norms (``extensions.blocks.SandwichBlock``: OutputNorm sites named
+    ``attn_post``/``mlp_post``) and a user ScaleVector (``extensions.scales.SoftplusScale``, no conservation law)."""
+    spec = spec_for("baseline", block="extensions.blocks.SandwichBlock", vocab_size=128)
+    spec["strategy"]["vector"] = {"class_path": "extensions.scales.SoftplusScale"}
+    model = perturbed(spec)
+    rows = rows_of(model)
+    assert {(r.view.site, r.view.role, r.view.parameterization) for r in rows if r.view.layer == 0} == {
+        ("attn_input", "input", "SoftplusScale"), ("mlp_input", "input", "SoftplusScale"),
+        ("attn_post", "output", "SoftplusScale"), ("mlp_post", "output", "SoftplusScale")}
+    for row in rows:
+        assert row.conserved is None
+        if row.view.role == "input":
+            assert row.conserved_note == "SoftplusScale conserves nothing that involves its consumers"
+        for name, value in direct_stats(row.view.vector().detach()).items():
+            assert close(row.stats[name], value), (row.view.key, name)
+    assert_fold_targets(model, rows)
+
+
 # -- tiny transformers models, read as import reads them --------------------------------------------------------
 @pytest.fixture(scope="module")
 def hf_models(tmp_path_factory):
