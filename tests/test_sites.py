@@ -165,9 +165,10 @@ def _reference_attention(attn, x, cos, sin, placement):
         heads = y.unflatten(-1, (-1, hd))
         if p == "dual_norm":
             heads = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + site.eps)
-        u = site.output_scale(b)
+        f = site.factors(b)
+        u = f.after if f.normalized else f.rows  # full width
         if p in ("output", "dual", "dual_norm"):
-            heads = heads * (u.view(-1, hd) if u.numel() > hd else u)
+            heads = heads * u.view(-1, hd)
         if b in "qk":
             T = heads.shape[1]
             c, s = cos[:T, None], sin[:T, None]
@@ -209,7 +210,8 @@ def test_mlp_site_matches_the_definition(branch, placement):
         if b == branch and placement == "dual_norm":
             y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + site.eps)
         if b == branch and placement != "input":
-            y = y * site.output_scale(b)
+            f = site.factors(b)
+            y = y * (f.after if f.normalized else f.rows)
         want.append(y)
     leaves = [x, *site.parameters()]
     grads = [torch.randn_like(w) for w in want]
@@ -247,7 +249,7 @@ def test_a_dnp_output_scale_on_v_folds_into_the_query_heads_that_read_it():
     (repeating the whole vector instead would mix the heads: the fold check above would catch it)."""
     model = _model("v", "dual_norm", hg=False, moe=False)
     attn = model.blocks[0].attn
-    u = attn.input.output_scale("v").detach().view(2, -1)  # 2 kv heads
+    u = attn.input.factors("v").after.detach().view(2, -1)  # 2 kv heads
     w_o = attn.o.weight.detach().clone()
     folded = fold_scales(model).blocks[0].attn.o.weight
     group = attn.n_head // attn.n_kv_head

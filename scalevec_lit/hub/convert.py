@@ -31,9 +31,10 @@ from ..model.transformer import Transformer
 from ..outdir import OutputFolder, output_folder
 from ..scale.convert import Transfer, transfer_
 from ..scale.strategy import ScaleStrategy
+from ..scale.vector import NoInverse, ScaleVector
 
 RECIPE = "model.yaml"
-SAMPLE = (2, 64)  # the sample batch whose logits a conversion compares: 2 sequences of up to 64 random tokens
+SAMPLE = (2, 64)  # the probe batch whose logits a conversion compares: 2 sequences of up to 64 random tokens
 
 
 def read_strategy(path: str | Path, eps: float) -> ScaleStrategy:
@@ -54,47 +55,91 @@ def read_strategy(path: str | Path, eps: float) -> ScaleStrategy:
                         "fix the file; the presets in recipes/strategy/ show every key") from None
 
 
-@torch.no_grad()
-def logits_change(a: Transformer, b: Transformer, seed: int = 0) -> float:
-    """max |Δ logits| / max |logits| of ``a`` and ``b`` on a sample batch of random tokens."""
+def probe_batch(model: Transformer, seed: int = 0) -> torch.Tensor:
+    """The probe batch whose logits a conversion compares: ``SAMPLE`` random tokens (fixed seed)."""
     gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, a.config.vocab_size, (SAMPLE[0], min(SAMPLE[1], a.config.seq_len)), generator=gen)
-    la, lb = a.eval()(idx).double(), b.eval()(idx).double()
-    return float((la - lb).abs().max() / la.abs().max().clamp_min(1e-300))
+    return torch.randint(0, model.config.vocab_size, (SAMPLE[0], min(SAMPLE[1], model.config.seq_len)), generator=gen)
+
+
+def tolerance(config) -> float:
+    """The largest relative logits change (max |Δ| / max |logits|) that float64 rounding explains for a model of
+    this size: ``ε₆₄ · (2 L + 1) · w^1.5``, a worst-case bound for L layers of two sublayers (plus the head)
+    whose dot products have length up to ``w`` (the widest of n_embd, the q width and the MLP / expert width).
+    Any conversion that keeps the function exactly moves the logits far less; any change of the function
+    (a normalization added or removed, another eps, a scale that could not be held) far more."""
+    return torch.finfo(torch.float64).eps * (2 * config.n_layer + 1) * float(widest(config)) ** 1.5
+
+
+def widest(config) -> int:
+    """The longest dot product of a layer: n_embd, the q width, the MLP or (shared) expert width."""
+    widths = [config.n_embd, config.n_head * config.head_dim, config.intermediate_size or 0]
+    if config.moe is not None:
+        widths.append(config.moe.expert_intermediate_size * max(1, config.moe.num_shared_experts))
+    return max(widths)
+
+
+def _same_strategy(model: Transformer, strategy: ScaleStrategy) -> bool:
+    return model_spec(model.config, model.strategy, Block)["strategy"] == model_spec(model.config, strategy, Block)["strategy"]
 
 
 def convert_model(model: Transformer, strategy: ScaleStrategy, *, allow_function_change: bool = False,
                   key: str = "--strategy", value: str = "") -> tuple[Transformer, Transfer, float]:
-    """``(converted model, what changed / was folded, relative logits change on a sample batch)``.
+    """``(converted model, what changed / was folded, relative logits change on the probe batch)``.
 
-    Runs in ``model``'s dtype (float64 for an exactness check). A conversion that changes the function is
-    refused (``UserError`` listing the sites) unless ``allow_function_change``.
+    The same strategy is a copy (every tensor bitwise equal, whatever the parameterization). Any other is
+    transferred in float64 (``scale/convert.py``), both models' logits on the probe batch are compared in float64,
+    and a conversion is refused (``UserError``) when it changes the function, structurally (the sites are listed)
+    or measurably (a relative change above ``tolerance``), unless ``allow_function_change``. The target's
+    parameterization must have an inverse (``ScaleVector.set_gamma_``), else it is refused by name. The result has
+    ``model``'s dtype.
     """
+    if _same_strategy(model, strategy):
+        return copy.deepcopy(model).eval(), Transfer(notes=["the same strategy: a copy"]), 0.0
+    vector = strategy.vector
+    if isinstance(vector, type) and issubclass(vector, ScaleVector) and not vector.invertible():
+        raise UserError(key, value, f"its model.strategy.vector {vector.__module__}.{vector.__qualname__} has no "
+                        "inverse (ScaleVector.set_gamma_), so no conversion can set its scales to the model's γ",
+                        "implement set_gamma_(gamma) -> bool in that class (see scalevec_lit/scale/vector.py), or "
+                        "convert to a strategy whose vector has one")
+    dtype = next(model.parameters()).dtype
     source_spec = spec_of(model)  # the model's own class and block with its init_args, another strategy
     spec = {**source_spec, "strategy": model_spec(model.config, strategy, Block)["strategy"]}
     with torch.device("meta"):
         target = build_from_spec(spec)
     target.to_empty(device="cpu")
-    target.to(next(model.parameters()).dtype)
+    target.double()
     for p in target.parameters():  # every value must come from the transfer: a NaN left over is a bug
         p.data.fill_(float("nan"))
     if target.config.tie_embeddings:
         target.tie_()
-    target.rope_cos.copy_(model.rope_cos)
-    target.rope_sin.copy_(model.rope_sin)
-    source = copy.deepcopy(model).eval()
-    report = transfer_(source, target)
+    source = copy.deepcopy(model).double().eval()
+    target.rope_cos.copy_(source.rope_cos)
+    target.rope_sin.copy_(source.rope_sin)
+    try:
+        report = transfer_(source, target)
+    except NoInverse as err:  # a vector built by the strategy without an inverse (a factory, not a class)
+        raise UserError(key, value, str(err), "convert to a strategy whose vector has an inverse") from None
     left = [n for n, p in target.named_parameters() if torch.isnan(p).any()]
     if left:
         raise RuntimeError(f"the conversion left parameters unset: {left[:5]}")
-    if report.changes and not allow_function_change:
-        raise UserError(key, value, "this strategy changes what the model computes: " + "; ".join(_summary(report.changes)),
+    idx = probe_batch(source)
+    with torch.no_grad():
+        ls, lt = source(idx), target.eval()(idx)
+    moved = float((ls - lt).abs().max() / ls.abs().max().clamp_min(1e-300))
+    tol = tolerance(model.config)
+    if (report.changes or not moved <= tol) and not allow_function_change:
+        why = "; ".join(_summary(report.changes)) if report.changes else ("no site reported a cause: check the "
+                                                                          "parameterizations' set_gamma_")
+        raise UserError(key, value, f"this strategy changes what the model computes: {why}; the logits moved by "
+                        f"{moved:.3g} relative (max |Δ| / max |logits|, float64, on a probe batch of {idx.shape[0]}×"
+                        f"{idx.shape[1]} random tokens) against a tolerance of {tol:.3g} (float64 rounding for "
+                        f"{model.config.n_layer} layers of width up to {widest(model.config)}: ε₆₄·(2L+1)·w^1.5)",
                         "choose a strategy the conversion keeps exactly (baseline, unit_offset, hg, dp, or, er, "
                         "no_scale, unified_no_dnp; qk_norm, dnp or unified with output_shape: head for a QK-norm "
                         "model), or pass --allow-function-change and continue training to recover")
     if model.config.tie_embeddings and not target.tied:
         target.config = dataclasses.replace(target.config, tie_embeddings=False)
-    return target.eval(), report, logits_change(source, target)
+    return target.to(dtype).eval(), report, moved
 
 
 def _summary(lines: list[str], limit: int = 6) -> list[str]:
@@ -154,7 +199,7 @@ def convert_checkpoint(ckpt: str | Path, strategy: str | Path, out: str | Path, 
 
 
 def report_lines(report: Transfer, moved: float, what: str) -> list[str]:
-    lines = [f"{what}: logits moved by {moved:.3g} relative (max |Δ| / max |logits|) on a sample batch of "
+    lines = [f"{what}: logits moved by {moved:.3g} relative (max |Δ| / max |logits|, float64) on a probe batch of "
              f"{SAMPLE[0]}×{SAMPLE[1]} random tokens"]
     if report.changes:
         lines.append("function changed (--allow-function-change): " + "; ".join(_summary(report.changes)))

@@ -144,7 +144,8 @@ def load_hf(folder: str | Path) -> tuple[Transformer, str]:
         x = tensors[name].float()
         if ref.kind in ("norm", "head_norm"):
             site = site_of(model, ref)
-            vec = site.scales["shared"] if ref.kind == "norm" else site.proj[ref.branch].out_scale
+            vec = (next((g.vector for g in site.input_scales() if g.key == "shared"), None) if ref.kind == "norm"
+                   else site.output_vector(ref.branch))
             ok = vec is not None and vec.dim == x.numel() and set_scale_(vec, x)
         else:
             t = native_tensor(model, ref)

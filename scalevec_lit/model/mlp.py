@@ -28,19 +28,21 @@ class SwiGLU(nn.Module):
         x ─> RMS(x) ─┬─ γ_gate ⊙ ─> W_gate ─> [N] ─> [u_gate ⊙] ─> silu ─┐
                      └─ γ_up   ⊙ ─> W_up   ─> [N] ─> [u_up ⊙] ──────────(×)─> W_down ─> [OutputNorm]
 
-    Up to the product, one ``NormSite`` (``self.input``: gate and up in one matmul).
+    Up to the product, one ``NormSite`` (``self.input``: gate and up in one matmul). ``with_input=False``: no
+    site of its own (``self.input`` is None); the block computes gate and up with a site it shares and calls
+    ``combine(gate, up)`` (the one-norm parallel block, ``model/parallel.py``).
     """
 
-    def __init__(self, config: TransformerConfig, layer: int, strategy: ScaleStrategy) -> None:
+    def __init__(self, config: TransformerConfig, layer: int, strategy: ScaleStrategy, *, with_input: bool = True) -> None:
         super().__init__()
         d, f = config.n_embd, config.intermediate_size
         self.out_std = config.init_std / math.sqrt(2 * config.n_layer)
-        self.input = NormSite(
+        down = nn.Linear(f, d, bias=False)  # registered after the site (the state dict's order)
+        self.input = None if not with_input else NormSite(
             d, (Branch("gate", f), Branch("up", f, absorbed_downstream=True)),
-            strategy, layer=layer, site="mlp_input", init_std=config.init_std,
+            strategy, layer=layer, site="mlp_input", init_std=config.init_std, absorbed_by={"up": down},
         )
-        self.down = nn.Linear(f, d, bias=False)
-        self.input.absorbed_by(up=self.down)
+        self.down = down
         self.out_norm = OutputNorm(d, strategy, layer=layer, site="mlp_output") if strategy.sublayer_output_norm else None
         if self.down.weight.device.type != "meta":
             self.init_weights()
@@ -51,6 +53,9 @@ class SwiGLU(nn.Module):
         nn.init.normal_(self.down.weight, 0.0, self.out_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g, u = self.input(x)
-        y = swiglu(g, u, self.down)
+        return self.combine(*self.input(x))
+
+    def combine(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """``W_down(silu(gate) ⊙ up)`` (and the output norm) of the gate and up branches' outputs."""
+        y = swiglu(gate, up, self.down)
         return y if self.out_norm is None else self.out_norm(y)

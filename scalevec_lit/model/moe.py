@@ -95,11 +95,14 @@ class MoE(nn.Module):
         per_expert = moe.scales == "expert"
         keys = ({"router": "router", "gate": None, "up": None, "shared_gate": "shared_experts",
                  "shared_up": "shared_experts"} if per_expert else None)
+        shared_down = nn.Linear(fs, d, bias=False) if fs else None  # registered after the site (state dict order)
+        # the maps that read up's and shared_up's output linearly (the site folds a normalized u into them);
+        # expert_down is a bare parameter of this module, named by attribute so the reference never goes stale
+        absorbed = {"up": (self, "expert_down"), **({"shared_up": shared_down} if fs else {})}
         self.input = NormSite(d, branches, strategy, layer=layer, site="mlp_input", init_std=config.init_std,
-                              scale_keys=keys, per_expert=E if per_expert else 0)
+                              scale_keys=keys, per_expert=E if per_expert else 0, absorbed_by=absorbed)
         self.expert_down = nn.Parameter(torch.empty(E, d, f))
-        self.shared_down = nn.Linear(fs, d, bias=False) if fs else None
-        self.input.absorbed_by(up=self.expert_down, **({"shared_up": self.shared_down} if fs else {}))
+        self.shared_down = shared_down
         self.out_norm = OutputNorm(d, strategy, layer=layer, site="mlp_output") if strategy.sublayer_output_norm else None
         if self.bias_balancing:
             self.register_buffer("expert_bias", torch.zeros(E))
@@ -222,9 +225,7 @@ class MoE(nn.Module):
     # -- counting -------------------------------------------------------------------------------------------
     def inactive_parameters_per_token(self) -> int:
         """Parameters of the E − k routed experts a token does not use (weights and per-expert scales)."""
-        per_expert = [self.input.weight("gate"), self.input.weight("up"), self.expert_down]
-        if self.input.expert_scales is not None:
-            per_expert.extend(self.input.expert_scales.parameters())
+        per_expert = [*self.input.expert_parameters(), self.expert_down]
         total = sum(p.numel() for p in per_expert)
         return total // self.num_experts * (self.num_experts - self.top_k)
 

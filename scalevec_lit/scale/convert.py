@@ -4,12 +4,13 @@
 ``ScaleStrategy``) from ``source`` so that both compute the same function wherever that is possible, and
 returns a ``Transfer`` listing what could not be kept (``changes``; empty = the same function up to float
 rounding) and what was done to keep it (``notes``). It pairs the scale sites by module name and reads and
-writes only through them (``NormSite``: ``weight``, ``gamma``, ``output_scale``, ``normalizes``, ``key``,
-its scale vectors), so the site stays the one place that knows placements. Per site, in the source:
+writes only through the site interface: ``NormSite.factors`` in the source, ``input_scales`` /
+``output_vector`` in the target, every vector written through its inverse (``set_scale_``). Per site:
 
-- ``C_b``: the input-side factor on the columns of branch b's weight (γ of its scale group, times a
-  per-expert γ_e for stacked expert weights), ``R_b``: an un-normalized output-side u on its rows,
-  ``N_b``: the u after a normalization (DNP / QK-norm), which no linear map absorbs for q, k.
+- ``C_b`` (``Factors.columns``): the input-side factor on the columns of branch b's weight (γ of its scale
+  group, times a per-expert γ_e for stacked expert weights), ``R_b`` (``rows``): an un-normalized output-side u
+  on its rows, ``N_b`` (``after``): the u after a normalization (DNP / QK-norm), which no linear map absorbs
+  for q, k.
 - In the target each scale group takes ``C_b`` when all its branches share the same one and the
   parameterization can hold it (``set_scale_``), else it is set to 1 and ``C_b`` is folded into the
   weights, ``W (γ ⊙ x̂) = (W diag γ) x̂``: branch-specific → shared, anything → ``no_scale``. An
@@ -17,18 +18,15 @@ its scale vectors), so the site stays the one place that knows placements. Per s
   shape when the heads agree). Adding or removing a normalization (DNP on q/k of a model without
   QK-norm, a sublayer output norm) or changing ``eps`` changes the function: listed in ``changes``.
 
-``set_scale_(vector, γ)`` inverts each shipped parameterization: PlainScale ``w = γ``; UnitOffsetScale
-``w = γ − 1``; MagnitudeDirectionScale ``α = γ / RMS(γ)``, ``β = RMS(γ)·√(1 + ε)`` (the ε inside
-``RMS(α) = √(mean α² + ε)``, 1e-12, is undone exactly; α carries the signs, β > 0); ExpMagnitude-
-DirectionScale the same with ``b = ln β`` (refused for γ ≡ 0, where β = 0); DirectionScale ``α = γ`` for a γ
-of unit RMS only (γ ≡ 1 included; any other is folded); NoScale only γ ≡ 1. Any other parameterization
-is accepted when it reproduces γ after ``reset_parameters`` (γ ≡ 1), else folded.
+``set_scale_(vector, γ)`` is the ``ScaleVector`` inverse (``vector.set_gamma_``, see ``scale/vector.py``) with a
+check that the vector then produces γ. A target parameterization without an inverse cannot be written:
+``transfer_`` raises ``NoInverse`` naming the class (``convert`` refuses it; a same-strategy conversion is a
+copy and never gets here).
 
 Plain torch only: must not import Lightning or ``scalevec_lit.model``.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -36,11 +34,9 @@ import torch
 from torch import nn
 
 from .sites import NormSite, OutputNorm, ScaleSite
-from .strategy import has_input_side
-from .vector import (DirectionScale, ExpMagnitudeDirectionScale, MagnitudeDirectionScale, PlainScale, ScaleVector,
-                     UnitOffsetScale)
+from .vector import NoInverse, ScaleVector
 
-__all__ = ["Transfer", "set_scale_", "transfer_"]
+__all__ = ["NoInverse", "Transfer", "set_scale_", "transfer_"]
 
 
 @dataclass
@@ -56,43 +52,27 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @torch.no_grad()
 def set_scale_(vector: ScaleVector, gamma: torch.Tensor) -> bool:
-    """Set ``vector``'s parameters so that ``vector() == gamma``; False (nothing changed) when it cannot."""
+    """Set ``vector``'s parameters so that ``vector() == gamma`` through its inverse (``set_gamma_``); False
+    (nothing changed) when it cannot produce that γ. Raises ``NoInverse`` for a class without an inverse, and
+    ``ValueError`` when its inverse claims a γ that it then does not produce (a bug in that class)."""
     gamma = gamma.detach()
-    ones = torch.ones_like(gamma)
-    if vector.is_identity:
-        return torch.equal(gamma, ones)
-    if isinstance(vector, (PlainScale, UnitOffsetScale)):
-        vector.scale.copy_(gamma - (1.0 if isinstance(vector, UnitOffsetScale) else 0.0))
-    elif isinstance(vector, (MagnitudeDirectionScale, ExpMagnitudeDirectionScale)):
-        rms = float(gamma.double().pow(2).mean().sqrt())
-        exp = isinstance(vector, ExpMagnitudeDirectionScale)
-        if rms == 0.0 or not math.isfinite(rms):
-            if exp or not math.isfinite(rms):
-                return False  # exp(b) > 0: a zero γ has no magnitude b
-            vector.magnitude.fill_(0.0)
-            vector.direction.fill_(1.0)
-            return True
-        beta = rms * math.sqrt(1.0 + vector.eps)  # γ = β α / √(mean α² + ε) with mean α² = 1
-        vector.direction.copy_(gamma / rms)
-        vector.magnitude.fill_(math.log(beta) if exp else beta)
-    elif isinstance(vector, DirectionScale):  # γ = α / RMS(α): only a γ of unit RMS
-        before = vector.direction.detach().clone()
-        vector.direction.copy_(gamma)
-        if not _close(vector(), gamma):
-            vector.direction.copy_(before)
-            return False
-        return True
-    elif hasattr(vector, "reset_parameters"):
-        before = [p.detach().clone() for p in vector.parameters()]
-        vector.reset_parameters()
-        if _close(vector(), ones) and torch.equal(gamma, ones):
-            return True
+    before = [p.detach().clone() for p in vector.parameters()]
+    ok = vector.set_gamma_(gamma)
+
+    def restore() -> None:
         for p, old in zip(vector.parameters(), before):
             p.copy_(old)
+
+    if not ok:
+        restore()
         return False
-    else:
-        return False
-    return _close(vector(), gamma)
+    got = vector().detach()
+    if not _close(got, gamma):
+        restore()
+        cls = type(vector)
+        raise ValueError(f"{cls.__module__}.{cls.__qualname__}.set_gamma_ returned True but the vector then produces "
+                         f"a γ off by {float((got.to(gamma) - gamma).abs().max()):.3g}; fix its inverse")
+    return True
 
 
 def _set_or_ones(vector: ScaleVector, gamma: Optional[torch.Tensor], what: str, out: Transfer) -> bool:
@@ -105,28 +85,16 @@ def _set_or_ones(vector: ScaleVector, gamma: Optional[torch.Tensor], what: str, 
     return gamma is None
 
 
-def _columns(site: NormSite, b: str) -> Optional[torch.Tensor]:
-    """Input-side factor on branch b's columns: ``[in]``, or ``[E, in]`` with per-expert scales."""
-    g = site.gamma(b)
-    g = None if g is None else g.detach()
-    # per-expert γ_e reach an expert branch with an input side (as ``NormSite.expert_weight`` applies them)
-    if site.by_name[b].experts and site.expert_scales is not None and has_input_side(site.placement[b]):
-        per = torch.stack([v().detach() for v in site.expert_scales])
-        g = per if g is None else per * g
-    return g
-
-
-def _full(site: NormSite, b: str, u: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    width = site.by_name[b].out_features
-    return None if u is None else (u.detach() if u.numel() == width else u.detach().repeat(width // u.numel()))
-
-
 def _shape_for(vector: ScaleVector, full: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """``full`` u in the target vector's shape (channel, or one value per head dimension): (value, exact)."""
     if vector.dim == full.numel():
         return full, True
     heads = full.view(-1, vector.dim)
     return heads.mean(0), bool((heads == heads[0]).all())
+
+
+def _detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.detach()
 
 
 @torch.no_grad()
@@ -136,52 +104,56 @@ def _transfer_site(s: NormSite, t: NormSite, name: str, out: Transfer) -> dict[s
         raise ValueError(f"{name}: the sites have different branches ({list(s.by_name)} vs {list(t.by_name)})")
     if s.eps != t.eps:
         out.changes.append(f"{name}: eps {s.eps:g} → {t.eps:g} (model.strategy.eps) changes every normalization")
-    cols = {b: _columns(s, b) for b in s.by_name}
+    src = {b: s.factors(b) for b in s.by_name}
+    tgt = {b: t.factors(b) for b in t.by_name}
+    cols = {b: _detached(f.columns) for b, f in src.items()}
     rows: dict[str, Optional[torch.Tensor]] = {}
-    # input side: each target scale group keeps the common γ of its branches, or folds
-    for key, vec in t.scales.items():
-        members = [b for b in t.by_name if t.key[b] == key]
-        first = cols[members[0]]
+    # input side: each target scale group keeps the common γ of its branches, or folds; per-expert γ_i each
+    # keep slice i of the common [E, in] factor of the expert branches, or fold
+    shared = [g for g in t.input_scales() if g.expert is None]
+    experts = [g for g in t.input_scales() if g.expert is not None]
+    for g in shared:
+        first = cols[g.branches[0]]
         same = first is not None and first.dim() == 1 and all(
-            cols[b] is not None and cols[b].shape == first.shape and torch.equal(cols[b], first) for b in members)
-        if same and _set_or_ones(vec, first, f"{name}.scales.{key}", out):
-            for b in members:
+            cols[b] is not None and cols[b].shape == first.shape and torch.equal(cols[b], first) for b in g.branches)
+        if same and _set_or_ones(g.vector, first, f"{name}.scales.{g.key}", out):
+            for b in g.branches:
                 cols[b] = None
         elif not same:
-            _set_or_ones(vec, None, f"{name}.scales.{key}", out)
-    if t.expert_scales is not None:
-        members = [b for b in t.by_name if t.by_name[b].experts and has_input_side(t.placement[b])]
-        E = len(t.expert_scales)
+            _set_or_ones(g.vector, None, f"{name}.scales.{g.key}", out)
+    if experts:
+        members, E = experts[0].branches, len(experts)
         per = [cols[b].expand(E, -1) if cols[b] is not None and cols[b].dim() == 1 else cols[b] for b in members]
         same = bool(members) and all(p is not None for p in per) and all(torch.equal(p, per[0]) for p in per)
-        ok = same and all(set_scale_(v, per[0][e]) for e, v in enumerate(t.expert_scales))
+        ok = same and all(set_scale_(g.vector, per[0][g.expert]) for g in experts)
         if ok:
             for b in members:
                 cols[b] = None
         else:
-            for v in t.expert_scales:
-                _set_or_ones(v, None, f"{name}.expert_scales", out)
+            for g in experts:
+                _set_or_ones(g.vector, None, f"{name}.expert_scales", out)
     # output side
-    for b, br in t.by_name.items():
-        u_src, vec = _full(s, b, s.output_scale(b)), t.proj[b].out_scale
-        norm_s, norm_t = s.normalizes(b), t.normalizes(b)
-        if norm_s != norm_t:
-            what = "adds" if norm_t else "removes"
+    for b in t.by_name:
+        fs, ft, vec = src[b], tgt[b], t.output_vector(b)
+        if fs.normalized != ft.normalized:
+            what = "adds" if ft.normalized else "removes"
             out.changes.append(f"{name}.{b}: {what} a normalization of the projection's output "
-                               f"({t.placement_key(b)}; the source has {s.placement[b]!r})")
-        if not norm_s:
+                               f"({ft.setting}; the source has {fs.setting.split(': ', 1)[1]})")
+        if not fs.normalized:
+            u_src = _detached(fs.rows)
             rows[b] = u_src
-            if vec is not None and not norm_t:  # an un-normalized u (output / dual placement)
+            if vec is not None and not ft.normalized:  # an un-normalized u (output / dual placement)
                 want, exact = _shape_for(vec, u_src) if u_src is not None else (None, False)
                 if _set_or_ones(vec, want if exact else None, f"{name}.{b}.out_scale", out) and exact:
                     rows[b] = None
             elif vec is not None:
                 _set_or_ones(vec, None, f"{name}.{b}.out_scale", out)
             continue
-        if vec is None or not norm_t:
+        if vec is None or not ft.normalized:
             if vec is not None:
                 _set_or_ones(vec, None, f"{name}.{b}.out_scale", out)
             continue
+        u_src = _detached(fs.after)
         want, exact = _shape_for(vec, u_src) if u_src is not None else (None, True)
         if not exact:
             out.changes.append(f"{name}.{b}: the output scale differs between heads and the target's is one value "
@@ -189,8 +161,8 @@ def _transfer_site(s: NormSite, t: NormSite, name: str, out: Transfer) -> dict[s
         if not _set_or_ones(vec, want, f"{name}.{b}.out_scale", out) and want is not None:
             out.changes.append(f"{name}.{b}: {type(vec).__name__} cannot hold the normalized output scale u")
     new = {}
-    for b, br in t.by_name.items():
-        w = s.weight(b).detach().clone()
+    for b, f in src.items():
+        w = f.weight.detach().clone()
         c, r = cols[b], rows.get(b)
         if c is not None:
             w.mul_(c[:, None, :] if c.dim() == 2 else c)

@@ -1,20 +1,62 @@
 """Scale-vector parameterizations: small modules that own their parameters and return γ.
 
-A parameterization is called with no argument and returns the effective scale vector γ of shape
-``[dim]``. It names its parameters' *parts* (``scale``; or ``magnitude`` and ``direction``) through
-``parts()``, which the registry reads. New parameterizations are new subclasses, chosen in YAML with
-``class_path`` (see ``ScaleStrategy.vector``); nothing else in the library needs to change.
+The ``ScaleVector`` contract (every parameterization, shipped or user-written, keeps it; nothing in the library
+asks which class a vector is):
+
+- **construction and initialisation**: ``__init__(dim, ...)`` creates the parameters already initialised;
+  ``reset_parameters()`` puts them back to that initial state (``NormSite.init_weights`` and a model built on
+  the meta device call it; a class with parameters needs it there, a class without one is left as built).
+  Every shipped class starts at γ ≡ 1.
+- **the γ it produces**: ``forward()`` (called with no argument) returns the effective scale vector γ of shape
+  ``[dim]``, differentiable in the parameters; the sites multiply by it (or fold it into weights).
+- **its parts and their roles**: ``parts()`` maps part name → parameter. A part's name says what it carries and
+  is how decay rules, optimizer groups and monitor tags address it (``ScaleInfo.part``): ``scale`` (γ itself, or
+  an offset of it: the whole vector), ``magnitude`` (γ's size, a scalar), ``direction`` (γ's direction,
+  scale-invariant). Default: every direct parameter under its attribute name. The *site* decides the role of
+  the whole vector (``input``: a linear map absorbs it; ``output``: none does), never the parameterization.
+- **identity**: ``is_identity`` is True only for a parameterization that is γ ≡ 1 with no parameter
+  (``NoScale``): callers then skip the multiply.
+- **the inverse**: ``set_gamma_(gamma)`` sets the parameters so that ``forward()`` returns ``gamma`` (up to
+  rounding of the vector's dtype) and returns True, or returns False and changes nothing when no parameter value
+  produces that γ (a direction-only vector and a γ of RMS ≠ 1, an ``exp`` magnitude and γ ≡ 0, ``NoScale`` and
+  γ ≠ 1). ``convert`` and ``import`` write every scale through it (``scale.convert.set_scale_``, which also
+  checks the result). A class that does not implement it *says so*: ``invertible`` is False and ``set_gamma_``
+  raises ``NoInverse`` naming the class; ``convert`` then refuses a target strategy that uses it, by name
+  (converting to the same strategy is a copy and needs no inverse).
+- optional: ``without_magnitude()`` (the class without its separate magnitude, for a γ whose size no consumer
+  sees) and ``conserved(...)`` (what gradient flow conserves, for the monitor).
+
+New parameterizations are new subclasses, chosen in YAML with ``class_path`` (see ``ScaleStrategy.vector``);
+nothing else in the library needs to change.
 
 Plain torch only: must not import Lightning or anything above ``scalevec_lit.scale``.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
+__all__ = ["DirectionScale", "ExpMagnitudeDirectionScale", "MagnitudeDirectionScale", "NoInverse", "NoScale",
+           "PlainScale", "ScaleVector", "UnitOffsetScale"]
+
+
+class NoInverse(NotImplementedError):
+    """A ``ScaleVector`` class without ``set_gamma_``: nothing can set it to a given γ."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        super().__init__(
+            f"{cls.__module__}.{cls.__qualname__} has no inverse (ScaleVector.set_gamma_): nothing can set it to a "
+            "given γ; implement set_gamma_(gamma) -> bool in the class (set the parameters so that forward() returns "
+            "gamma, or return False when none does)")
+
 
 class ScaleVector(nn.Module):
-    """Base class. Subclasses set their parameters in ``__init__(dim, ...)`` and implement ``forward``.
+    """Base class: see the module docstring for the contract. Subclasses create their parameters (initialised)
+    in ``__init__(dim, ...)`` and implement ``forward``, ``reset_parameters`` and, for ``convert``,
+    ``set_gamma_``.
 
     ``is_identity`` is True for parameterizations that are γ ≡ 1 without parameters (``NoScale``), so that
     callers skip the multiply entirely. ``conserved`` names the quantity that gradient flow conserves
@@ -26,7 +68,19 @@ class ScaleVector(nn.Module):
         self.dim = int(dim)
 
     def forward(self) -> torch.Tensor:  # pragma: no cover - abstract
+        """γ, shape ``[dim]``."""
         raise NotImplementedError
+
+    def set_gamma_(self, gamma: torch.Tensor) -> bool:
+        """The inverse: set the parameters so that ``forward()`` returns ``gamma`` and return True; return False
+        (parameters unchanged) when no parameter value produces it. Called under ``torch.no_grad()``. The base
+        class has none (``invertible`` is False): it raises ``NoInverse``."""
+        raise NoInverse(type(self))
+
+    @classmethod
+    def invertible(cls) -> bool:
+        """True when the class implements ``set_gamma_`` (the inverse that ``convert`` writes through)."""
+        return cls.set_gamma_ is not ScaleVector.set_gamma_
 
     def parts(self) -> dict[str, nn.Parameter]:
         """Map part name -> parameter. Default: every direct parameter, by its attribute name."""
@@ -66,6 +120,10 @@ class NoScale(ScaleVector):
     def is_identity(self) -> bool:
         return True
 
+    def set_gamma_(self, gamma: torch.Tensor) -> bool:
+        """Only γ ≡ 1."""
+        return bool(torch.equal(gamma, torch.ones_like(gamma)))
+
 
 class PlainScale(ScaleVector):
     """The standard learnable gain: γ = w, w initialised to ``init`` (1)."""
@@ -80,6 +138,11 @@ class PlainScale(ScaleVector):
 
     def reset_parameters(self) -> None:
         nn.init.constant_(self.scale, self.init)
+
+    def set_gamma_(self, gamma: torch.Tensor) -> bool:
+        """``w = γ``: every γ."""
+        self.scale.copy_(gamma)
+        return True
 
     def conserved(self, col_sq, gamma, parts):
         """``c_j = ‖w_j‖² − γ_j²`` per channel (γ_j → c γ_j, w_j → w_j / c)."""
@@ -98,6 +161,11 @@ class UnitOffsetScale(ScaleVector):
 
     def reset_parameters(self) -> None:
         nn.init.zeros_(self.scale)
+
+    def set_gamma_(self, gamma: torch.Tensor) -> bool:
+        """``w = γ − 1``: every γ."""
+        self.scale.copy_(gamma - 1.0)
+        return True
 
     def conserved(self, col_sq, gamma, parts):
         """``‖w_j‖² − γ_j²`` as for a plain γ: the offset moves γ exactly as its parameter moves."""
@@ -124,6 +192,29 @@ class DirectionScale(ScaleVector):
     def reset_parameters(self) -> None:
         nn.init.ones_(self.direction)
 
+    def set_gamma_(self, gamma: torch.Tensor) -> bool:
+        """``α = γ``, for a γ of unit RMS only (γ ≡ 1 included): a direction cannot hold a size."""
+        if float((gamma.double().pow(2).mean() - 1.0).abs()) > 64 * torch.finfo(gamma.dtype).eps:
+            return False
+        self.direction.copy_(gamma)
+        return True
+
+
+def _set_magnitude_direction_(vec, gamma: torch.Tensor, exp: bool) -> bool:
+    """``α = γ / RMS(γ)``, ``β = RMS(γ)·√(1 + ε)`` (the ε inside ``RMS(α) = √(mean α² + ε)`` undone exactly; α carries
+    the signs, β > 0); ``b = ln β`` for the exp form, which cannot hold γ ≡ 0."""
+    rms = float(gamma.double().pow(2).mean().sqrt())
+    if not math.isfinite(rms) or (rms == 0.0 and exp):
+        return False
+    if rms == 0.0:
+        vec.magnitude.fill_(0.0)
+        vec.direction.fill_(1.0)
+        return True
+    beta = rms * math.sqrt(1.0 + vec.eps)  # γ = β α / √(mean α² + ε) with mean α² = 1
+    vec.direction.copy_(gamma / rms)
+    vec.magnitude.fill_(math.log(beta) if exp else beta)
+    return True
+
 
 class MagnitudeDirectionScale(ScaleVector):
     """OR (our form of the paper's magnitude-direction split): γ = β · α / RMS(α).
@@ -146,6 +237,9 @@ class MagnitudeDirectionScale(ScaleVector):
         nn.init.constant_(self.magnitude, self.magnitude_init)
         nn.init.ones_(self.direction)
 
+    def set_gamma_(self, gamma: torch.Tensor) -> bool:
+        return _set_magnitude_direction_(self, gamma, exp=False)
+
     def without_magnitude(self) -> ScaleVector:
         return DirectionScale(self.dim)
 
@@ -166,6 +260,9 @@ class ExpMagnitudeDirectionScale(ScaleVector):
 
     def forward(self) -> torch.Tensor:
         return self.magnitude.exp() * _unit_rms(self.direction, self.eps)
+
+    def set_gamma_(self, gamma: torch.Tensor) -> bool:
+        return _set_magnitude_direction_(self, gamma, exp=True)
 
     def without_magnitude(self) -> ScaleVector:
         return DirectionScale(self.dim)

@@ -35,13 +35,13 @@ def facts_of(model) -> ModelFacts:
     moe_cls = moe_class()
     moe = moe_cls is not None and any(type(getattr(b, "mlp", None)) is moe_cls for b in model.blocks)
     site = getattr(getattr(model.blocks[0], "attn", None), "input", None) if len(model.blocks) else None
-    qk = site is not None and site.normalizes("q") and site.normalizes("k")
+    qk = site is not None and site.factors("q").normalized and site.factors("k").normalized
     return ModelFacts(moe, model.config.moe.router if moe else None, qk)
 
 
 def head_norm_weight(site, branch: str, head_dim: int) -> tuple[torch.Tensor, float]:
     """The per-head u of a normalized q/k branch (ones when none) and the spread between heads."""
-    u = site.output_scale(branch)
+    u = site.factors(branch).after
     if u is None:
         return torch.ones(head_dim), 0.0
     per_head = u.detach().float().view(-1, head_dim)

@@ -25,6 +25,7 @@ from ...model.block import Block
 from ...model.config import MoEConfig, TransformerConfig
 from ...model.mlp import SwiGLU
 from ...model.transformer import Transformer
+from ...scale.registry import scale_parameters
 from ...scale.strategy import NORMALIZED_PLACEMENT as DNP
 from ..hf_names import Ref, native_tensor, site_of
 from ._plan import ModelFacts, Refusals, head_norm_weight, join_or, moe_class
@@ -116,14 +117,15 @@ class HFArchitecture:
         if attn.out_norm is not None:
             r.add("attn_output: a sublayer output norm (model.strategy.sublayer_output_norm: true) has no place in "
                   f"{self.every_title()}; set it to false", i)
-        if site.normalizes("v"):
-            r.add(f"attn_proj.v: DNP on v ({site.placement_key('v')}) normalizes v per head, which no "
+        q, k, v = (site.factors(b) for b in ("q", "k", "v"))
+        if v.normalized:
+            r.add(f"attn_proj.v: DNP on v ({v.setting}) normalizes v per head, which no "
                   "standard architecture does; use input, output or dual there", i)
-        if site.normalizes("q") != site.normalizes("k"):
-            bare = "k" if site.normalizes("q") else "q"
-            r.add(f"attn_proj.{bare}: QK-norm normalizes both q and k, but {site.placement_key(bare)}; "
+        if q.normalized != k.normalized:
+            bare = k if q.normalized else q
+            r.add(f"attn_proj.{bare.name}: QK-norm normalizes both q and k, but {bare.setting}; "
                   f"set placement.q and placement.k both to {DNP}, or neither", i)
-        elif site.normalizes("q"):
+        elif q.normalized:
             for branch in ("q", "k"):
                 amount = head_norm_weight(site, branch, attn.head_dim)[1]
                 if amount > 0:
@@ -136,8 +138,9 @@ class HFArchitecture:
     def check_dense(self, mlp, i: int, facts: ModelFacts, r: Refusals) -> None:
         self._output_norm(mlp, i, r)
         for branch in ("gate", "up"):
-            if mlp.input.normalizes(branch):
-                r.add(f"mlp_proj.{branch}: DNP on {branch} ({mlp.input.placement_key(branch)}) {self.DNP_PROBLEM}", i)
+            f = mlp.input.factors(branch)
+            if f.normalized:
+                r.add(f"mlp_proj.{branch}: DNP on {branch} ({f.setting}) {self.DNP_PROBLEM}", i)
 
     def _output_norm(self, mlp, i: int, r: Refusals) -> None:
         if mlp.out_norm is not None:
@@ -148,11 +151,12 @@ class HFArchitecture:
         self._output_norm(mlp, i, r)
         site = mlp.input
         for branch in ("gate", "up"):
-            if site.normalizes(branch):
-                r.add(f"mlp_proj.expert*_{branch}: DNP on the experts' {branch} ({site.placement_key(branch)}) "
-                      f"{self.DNP_PROBLEM}", i)
-        if site.normalizes("router"):
-            r.add(f"mlp_proj.router: DNP on the router ({site.placement_key('router')}) {self.DNP_PROBLEM}", i)
+            f = site.factors(branch)
+            if f.normalized:
+                r.add(f"mlp_proj.expert*_{branch}: DNP on the experts' {branch} ({f.setting}) {self.DNP_PROBLEM}", i)
+        router = site.factors("router")
+        if router.normalized:
+            r.add(f"mlp_proj.router: DNP on the router ({router.setting}) {self.DNP_PROBLEM}", i)
         if mlp.shared_down is not None and not self.shared_experts:
             r.add(f"the shared experts (model.config.moe.num_shared_experts > 0) have no place in {self.title} "
                   f"(routed experts only); set num_shared_experts: 0"
@@ -177,10 +181,11 @@ class HFArchitecture:
 
     def kept_scales(self, model, facts: ModelFacts) -> set[int]:
         """``id`` of every scale vector left after folding that this architecture's weights hold: the q/k
-        output scales, as QK-norm weights."""
+        output scales, as QK-norm weights (read from the registry: role, site and branch)."""
         if not facts.qk_norm:
             return set()
-        return {id(b.attn.input.proj[n].out_scale) for b in model.blocks for n in ("q", "k")}
+        return {id(sp.vector) for sp in scale_parameters(model)
+                if sp.info.site == "attn_proj" and sp.info.branch in ("q", "k") and sp.info.layer >= 0}
 
     # -- the name table ---------------------------------------------------------------------------------
     def names(self, model, qk_norm: bool) -> list[tuple[str, Ref]]:
