@@ -114,3 +114,52 @@ def invisible_scales(params: list) -> list[str]:
     if not top > 0.0:
         return []
     return [sp.name for sp, g in zip(with_grad, peak.tolist()) if g <= INVISIBLE_GRAD * top]
+
+
+# -- the effective step of the merged columns (issue 27, item 2) --------------------------------------------
+def _per_channel(t: torch.Tensor, n: int) -> torch.Tensor:
+    """A per-slice quantity of a consumer (``t``, one entry per slice along γ's axis) summed onto γ's ``n``
+    channels: equal sizes as they are; a head-shaped γ (one per head dimension, shared by the heads) takes
+    the sum over heads (slice i is channel i mod n)."""
+    return t if t.numel() == n else t.view(-1, n).sum(0)
+
+
+def _merged(w: torch.Tensor, axis: int, gamma: torch.Tensor) -> torch.Tensor:
+    """``w`` with γ applied along ``axis`` (repeated over heads for a head-shaped γ), float64, whole."""
+    w = full_tensor(w).detach().double()
+    axis = axis % w.ndim
+    g = gamma.to(device=w.device, dtype=torch.float64)
+    if w.shape[axis] != g.numel():
+        g = g.repeat(w.shape[axis] // g.numel())
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    return w * g.view(shape)
+
+
+@torch.no_grad()
+def snapshot_columns(gamma: torch.Tensor, consumers: list[Consumer]) -> tuple[torch.Tensor, list[tuple[torch.Tensor, int]]]:
+    """What ``column_steps`` needs of the step before: γ and a copy of each consumer weight (shards stay
+    shards) with its axis."""
+    return gamma.detach().clone(), [(c.weight.detach().clone(), c.axis) for c in consumers]
+
+
+@torch.no_grad()
+def column_steps(before: tuple[torch.Tensor, list[tuple[torch.Tensor, int]]], gamma: torch.Tensor,
+                 consumers: list[Consumer]) -> Optional[torch.Tensor]:
+    """Per channel j of γ: ``‖Δw̃_j‖ / ‖w̃_j‖``, the size of one optimizer step of the merged column
+    ``w̃_j = γ_j w_j`` (all consumers' slices along γ's axis together, as folding would merge them) relative
+    to its size before the step; float64 on the CPU. None when the consumers changed (shapes differ)."""
+    gamma0, weights0 = before
+    if len(weights0) != len(consumers) or gamma0.shape != gamma.shape:
+        return None
+    n = gamma.numel()
+    num = torch.zeros(n, dtype=torch.float64)
+    den = torch.zeros(n, dtype=torch.float64)
+    for (w0, axis), c in zip(weights0, consumers):
+        if w0.shape != c.weight.shape or axis != c.axis:
+            return None
+        old, new = _merged(w0, axis, gamma0), _merged(c.weight, axis, gamma)
+        dims = [d for d in range(old.ndim) if d != axis % old.ndim]
+        num += _per_channel((new - old).square().sum(dims).cpu(), n)
+        den += _per_channel(old.square().sum(dims).cpu(), n)
+    return num.sqrt() / den.sqrt().clamp_min(1e-300)

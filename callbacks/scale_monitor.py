@@ -12,6 +12,17 @@ its value at the start of training (c is conserved under pure gradient flow): ``
 mean (c − c⁰), ``drift_absmax`` = max |c − c⁰|, ``drift_rel`` = drift_mean / mean |c⁰|. Every ``histogram_every_n_steps`` it adds histograms of each part, and
 at every log one image per role, ``scale/<role>/heatmap``: layers × sites for each statistic of γ.
 
+The effective step of each consumer column (``step_size``, issue 27): for an input-role γ whose consumers
+are known, the merged column ``w̃_j = γ_j w_j`` (every consumer's slice j along γ's axis, as folding merges
+them) moves by ``Δw̃_j`` in one optimizer step; ``.../precond/step_rel_mean`` and ``step_rel_max`` are the
+mean and max over j of ``‖Δw̃_j‖ / ‖w̃_j‖`` for the step that ends at the logged step (measured: whatever
+the optimizer, its clipping and its decay did), and ``lr_gamma_sq_mean`` / ``lr_gamma_sq_min`` are
+``η · mean_j γ_j²`` and ``η · min_j γ_j²`` (η: the learning rate of the consumers' optimizer group, for the
+next step), the step size of gradient descent on ``w̃_j`` in the directions orthogonal to ``w_j`` (the
+smallest eigenvalue of ``η P_j``, ``P_j = γ_j² I + w_j w_jᵀ``: docs/PAPER.md §2). For the measured ratio
+the monitor copies the consumer weights once at the step before each log (one copy of those weights,
+freed at the log; none on other steps).
+
 At the first optimizer step it looks at the scale parameters' gradients once and warns, in one line, about
 any the loss cannot see (zero gradient, or below 1e-4 of the largest scale gradient: ``invisible_scales``),
 such as a magnitude in front of a per-head norm (``model.strategy.magnitude_before_norm``).
@@ -47,7 +58,8 @@ from scalevec_lit.scale.vector import ScaleVector
 
 from ._monitor_figures import HeatmapFigure
 from ._monitor_reduce import consumer_sq_norms, full_tensor, tensor_statistics
-from ._monitor_stats import STATS, conserved_quantity, effective_gamma, heatmap_data, invisible_scales, same_values
+from ._monitor_stats import (STATS, column_steps, conserved_quantity, effective_gamma, heatmap_data, invisible_scales,
+                             same_values, snapshot_columns)
 
 __all__ = ["ScaleVectorMonitor", "ScaleSnapshot"]
 
@@ -76,7 +88,10 @@ class ScaleVectorMonitor(Callback):
         every_n_steps: optimizer steps between logs (also logs once before the first step).
         histogram_every_n_steps: steps between histograms of every scale part; 0 turns them off.
         heatmap: one image per role and log (layers × sites, a panel per statistic of γ).
-        preconditioner: the input-role figures ``min_gamma_sq``, ``drift_mean``, ``drift_absmax``, ``drift_rel``.
+        preconditioner: the input-role figures ``min_gamma_sq``, ``drift_mean``, ``drift_absmax``, ``drift_rel``
+            and ``lr_gamma_sq_mean``, ``lr_gamma_sq_min``.
+        step_size: with ``preconditioner``, also ``step_rel_mean`` and ``step_rel_max`` (the measured relative
+            step of the merged consumer columns; a copy of the consumer weights at the step before each log).
     """
 
     def __init__(
@@ -85,6 +100,7 @@ class ScaleVectorMonitor(Callback):
         histogram_every_n_steps: int = 250,
         heatmap: bool = True,
         preconditioner: bool = True,
+        step_size: bool = True,
     ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"ScaleVectorMonitor.every_n_steps: {every_n_steps} must be >= 1")
@@ -96,6 +112,9 @@ class ScaleVectorMonitor(Callback):
         self.histogram_every_n_steps = int(histogram_every_n_steps)
         self.heatmap = heatmap
         self.preconditioner = preconditioner
+        self.step_size = step_size
+        self._before: Optional[dict[int, Any]] = None  # γ and consumer weights one step before the next log
+        self._before_step: Optional[int] = None
         self.start: dict[str, torch.Tensor] = {}  # c_j at the start of training, per input-role vector tag
         self._last_step: Optional[int] = None
         self._figures: dict[str, Any] = {}
@@ -104,8 +123,11 @@ class ScaleVectorMonitor(Callback):
 
     # -- computing -----------------------------------------------------------------------------------
     @torch.no_grad()
-    def collect(self, model: nn.Module, histograms: bool = False) -> ScaleSnapshot:
-        """Compute one log's content. Collective under FSDP2: every rank must call it, in step."""
+    def collect(self, model: nn.Module, histograms: bool = False, lrs: Optional[dict[int, float]] = None,
+                before: Optional[dict[int, Any]] = None) -> ScaleSnapshot:
+        """Compute one log's content. Collective under FSDP2: every rank must call it, in step. ``lrs``:
+        ``id(parameter)`` → its learning rate (for ``lr_gamma_sq_*``); ``before``: ``snapshot(model)`` taken
+        one optimizer step earlier (for ``step_rel_*``)."""
         snap = ScaleSnapshot()
         params: list[ScaleParam] = list(scale_parameters(model))
         stats = tensor_statistics([sp.param for sp in params])
@@ -146,6 +168,8 @@ class ScaleVectorMonitor(Callback):
                             figures["drift_mean"] = float(drift.mean())
                             figures["drift_absmax"] = float(drift.abs().max())
                             figures["drift_rel"] = float(drift.mean() / start.abs().mean().clamp_min(1e-12))
+                if vid in consumers:
+                    figures.update(self._step_figures(vid, gammas[vid], consumers[vid], lrs, before))
                 precond[vid] = figures
                 for name, value in figures.items():
                     snap.scalars[scale_tag(replace(info, part="precond"), name)] = value
@@ -160,6 +184,31 @@ class ScaleVectorMonitor(Callback):
         if self.heatmap:
             snap.heatmaps = heatmap_data(vectors, gstats, precond)
         return snap
+
+    @staticmethod
+    def _step_figures(vid: int, gamma: torch.Tensor, consumers: list[Consumer], lrs: Optional[dict[int, float]],
+                      before: Optional[dict[int, Any]]) -> dict[str, float]:
+        figures: dict[str, float] = {}
+        lr = (lrs or {}).get(id(consumers[0].weight))
+        if lr is not None:
+            g2 = gamma.double().cpu().square()
+            figures["lr_gamma_sq_mean"] = lr * float(g2.mean())
+            figures["lr_gamma_sq_min"] = lr * float(g2.min())
+        if before is not None and vid in before:
+            steps = column_steps(before[vid], gamma, consumers)
+            if steps is not None:
+                figures["step_rel_mean"] = float(steps.mean())
+                figures["step_rel_max"] = float(steps.max())
+        return figures
+
+    @torch.no_grad()
+    def snapshot(self, model: nn.Module) -> dict[int, Any]:
+        """γ and a copy of the consumer weights of every input-role vector with consumers (``step_rel_*``)."""
+        out: dict[int, Any] = {}
+        for sp in scale_parameters(model):
+            if sp.info.role == INPUT and sp.consumers and id(sp.vector) not in out:
+                out[id(sp.vector)] = snapshot_columns(effective_gamma(sp.vector), list(sp.consumers))
+        return out
 
     # -- writing -------------------------------------------------------------------------------------
     def write(self, snap: ScaleSnapshot, step: int, writer: Any = None, loggers: Iterable[Any] = ()) -> None:
@@ -185,10 +234,12 @@ class ScaleVectorMonitor(Callback):
         return fig.render(panels, step)
 
     def log_model(self, model: nn.Module, step: int, writer: Any = None, loggers: Iterable[Any] = (),
-                  is_writer: bool = True) -> ScaleSnapshot:
+                  is_writer: bool = True, lrs: Optional[dict[int, float]] = None) -> ScaleSnapshot:
         """Collect (on every rank) and write (where ``is_writer``) one log at ``step``."""
         hist = self.histogram_every_n_steps > 0 and step % self.histogram_every_n_steps == 0
-        snap = self.collect(model, histograms=hist and (writer is not None))
+        before = self._before if self._before_step == step - 1 else None
+        self._before = None  # freed at the log
+        snap = self.collect(model, histograms=hist and (writer is not None), lrs=lrs, before=before)
         if is_writer:
             self.write(snap, step, writer, loggers)
         return snap
@@ -211,13 +262,22 @@ class ScaleVectorMonitor(Callback):
                 rank_zero_warn("ScaleVectorMonitor: the trainer has no logger, nothing is logged; set trainer.logger")
                 self._warned = True
             return
-        self.log_model(pl_module, step, writer, loggers, is_writer=trainer.is_global_zero)
+        lrs = {id(p): float(g["lr"]) for opt in trainer.optimizers for g in opt.param_groups for p in g["params"]}
+        self.log_model(pl_module, step, writer, loggers, is_writer=trainer.is_global_zero, lrs=lrs)
+
+    def _snapshot_before_log(self, trainer: Any, pl_module: nn.Module) -> None:
+        """At the step before a log: keep what ``step_rel_*`` compares with (nothing on other steps)."""
+        step = trainer.global_step
+        if (self.preconditioner and self.step_size and (step + 1) % self.every_n_steps == 0
+                and self._before_step != step):
+            self._before, self._before_step = self.snapshot(pl_module), step
 
     def on_train_start(self, trainer: Any, pl_module: nn.Module) -> None:
         self._last_step = None
         self._grads_checked = False
         if trainer.global_step == 0:  # the initial values (and the drift reference); a resumed run waits
             self._log(trainer, pl_module)
+        self._snapshot_before_log(trainer, pl_module)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: nn.Module, optimizer: Any) -> None:
         if self._grads_checked:  # once per fit: the gradients of the first step tell the invariances
@@ -234,6 +294,7 @@ class ScaleVectorMonitor(Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: nn.Module, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step % self.every_n_steps == 0:
             self._log(trainer, pl_module)
+        self._snapshot_before_log(trainer, pl_module)
 
     @property
     def state_key(self) -> str:

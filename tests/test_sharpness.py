@@ -9,6 +9,8 @@ the extreme ones first, so each of the top three is within 1e-10 relative plus f
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -125,23 +127,29 @@ def test_arguments_are_checked():
         SharpnessMonitor(every_n_steps=0)
 
 
-def _config(tmp_path, every_ckpt: int) -> str:
-    cfg = tmp_path / "sharpness.yaml"
+def _config(tmp_path, every_ckpt: int, sharpness: bool = True) -> str:
+    cfg = tmp_path / f"sharpness_{sharpness}.yaml"
     cfg.write_text(
         "trainer:\n  callbacks:\n"
         "    - class_path: scalevec_lit.callbacks.SafeModelCheckpoint\n"
         f"      init_args: {{every_n_train_steps: {every_ckpt}, save_last: true, save_top_k: -1}}\n"
         "    - class_path: lightning.pytorch.callbacks.LearningRateMonitor\n"
-        "    - class_path: scalevec_lit.callbacks.SharpnessMonitor\n"
-        "      init_args: {every_n_steps: 2, top_k: 2, iterations: 4, batch_size: 2, params: [all, 'scales:input']}\n"
+        "    - class_path: scalevec_lit.callbacks.ScaleVectorMonitor\n"
+        "      init_args: {every_n_steps: 2, histogram_every_n_steps: 0, heatmap: false}\n"
+        + ("    - class_path: scalevec_lit.callbacks.SharpnessMonitor\n"
+           "      init_args: {every_n_steps: 2, top_k: 2, iterations: 4, batch_size: 2, params: [all, 'scales:input']}\n"
+           if sharpness else "")
     )
     return str(cfg)
 
 
 def test_callback_from_yaml_logs_at_its_steps_and_resume_keeps_its_schedule(prepared_data, tmp_path, capfd, monkeypatch):
+    """A MoE model with bias balancing (the forward has side effects), AdamW; the scale monitor beside it."""
     monkeypatch.chdir(tmp_path)
     small = ["--model.config.n_layer=1", "--model.config.n_embd=32", "--model.config.n_head=2",
              "--model.config.n_kv_head=1", "--model.config.seq_len=32", "--data.batch_size=2",
+             '--model.config.moe={"num_experts": 4, "top_k": 2, "expert_intermediate_size": 32, '
+             '"bias_balancing": true, "aux_loss_coef": 0.01, "z_loss_coef": 0.001}',
              "--trainer.val_check_interval=1000", "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=1"]
     code, out = main_in_process(capfd, smoke_args(prepared_data, tmp_path, 4, "--config", _config(tmp_path, 4), *small))
     assert code == 0, out[-3000:]
@@ -156,6 +164,17 @@ def test_callback_from_yaml_logs_at_its_steps_and_resume_keeps_its_schedule(prep
     for step, value in checked:
         assert value == pytest.approx((2 + 2 * 0.9) / ((1 - 0.9) * lr[step]), rel=1e-6)  # (logged as float32)
 
+    # item 2 from the hooks: the measured column step at the logs after a step, the folded view at every log
+    final = "scale/input/final/shared/final/precond/"
+    assert sorted(s for s, _ in logs[final + "step_rel_mean"]) == [2, 4]
+    assert sorted(s for s, _ in logs[final + "lr_gamma_sq_mean"]) == [0, 2, 4]
+    # the measurements change nothing in training: the same run without the monitor has the same losses
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    code, out = main_in_process(capfd, smoke_args(prepared_data, alone, 4, "--config", _config(alone, 4, False), *small))
+    assert code == 0, out[-3000:]
+    assert scalars(alone / "smoke" / "version_0")["train/loss"] == logs["train/loss"]
+
     state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["callbacks"]
     (kept,) = [v for k, v in state.items() if k.startswith("SharpnessMonitor")]
     assert kept["last_step"] == 4 and kept["batch"].shape == (2, 33)
@@ -165,3 +184,48 @@ def test_callback_from_yaml_logs_at_its_steps_and_resume_keeps_its_schedule(prep
     assert code == 0, out[-3000:]
     resumed = scalars(tmp_path / "smoke" / "version_1")
     assert sorted(s for s, _ in resumed["sharpness/lambda_max"]) == [6]  # not 4 again, and not 5
+
+
+# -- issue 27 item 2: the effective step of the merged consumer columns (ScaleVectorMonitor) -----------------
+@pytest.mark.parametrize("preset", ["hg", "unified"])
+def test_column_step_figures_equal_a_direct_computation(preset):
+    from scalevec_lit.callbacks import ScaleVectorMonitor
+    from scalevec_lit.callbacks.sharpness import objective
+    from scalevec_lit.scale.sites import scale_tag
+
+    model, idx = micro(preset)
+    opt = torch.optim.AdamW(build_param_groups(model, {"scale": {"lr": 0.004}}), lr=0.01)
+    adam_steps(model, idx, opt, 1)
+    monitor = ScaleVectorMonitor(heatmap=False, histogram_every_n_steps=0)
+    vectors = {id(sp.vector): sp for sp in scale_parameters(model) if sp.info.role == "input" and sp.consumers}
+
+    def merged_columns(sp) -> torch.Tensor:
+        """[n, rest]: row j = every consumer's slice j times γ_j (a head-shaped γ: slice i is channel i mod n)."""
+        gamma = sp.vector().detach().double()
+        rows = []
+        for c in sp.consumers:
+            w = c.weight.detach().double().movedim(c.axis, 0)
+            w = w.reshape(w.shape[0], -1)
+            w = w.reshape(-1, gamma.numel(), w.shape[1]).transpose(0, 1).reshape(gamma.numel(), -1)
+            rows.append(w * gamma[:, None])
+        return torch.cat(rows, 1)
+
+    before = {vid: merged_columns(sp) for vid, sp in vectors.items()}
+    kept = monitor.snapshot(model)
+    opt.zero_grad()
+    objective(model, idx).backward()
+    opt.step()
+    lrs = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    logged = monitor.collect(model, lrs=lrs, before=kept).scalars
+    assert len(vectors) >= 4
+    for vid, sp in vectors.items():
+        after = merged_columns(sp)
+        ratio = (after - before[vid]).norm(dim=1) / before[vid].norm(dim=1)
+        tag = lambda name: scale_tag(dataclasses.replace(sp.info, part="precond"), name)  # noqa: E731
+        assert close(logged[tag("step_rel_mean")], ratio.mean().item(), 1e-12)
+        assert close(logged[tag("step_rel_max")], ratio.max().item(), 1e-12)
+        g2 = sp.vector().detach().double().square()
+        assert close(logged[tag("lr_gamma_sq_mean")], 0.01 * g2.mean().item(), 1e-15)  # consumers: matrices, η = 0.01
+        assert close(logged[tag("lr_gamma_sq_min")], 0.01 * g2.min().item(), 1e-15)
+    # without the step before, no measured step (and nothing kept)
+    assert not any(k.endswith("step_rel_mean") for k in monitor.collect(model, lrs=lrs).scalars)
