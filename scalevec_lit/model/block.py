@@ -46,9 +46,10 @@ class Block(nn.Module):
 
 
 class ParallelBlock(Block):
-    """GPT-J / PaLM parallel block: ``y = x + Attn(N1(x)) + MLP(N2(x))`` (both read the block input).
+    """Two-norm parallel block: ``y = x + Attn(N1(x)) + MLP(N2(x))`` (both sublayers read the block input, each
+    through its own norm; GPT-J and PaLM share one norm: ``OneNormParallelBlock``, ``model/parallel.py``).
 
-    Shipped as the worked example of subclassing; ``recipes/examples/parallel_block.yaml`` trains it.
+    Shipped as the worked example of overriding ``forward``; ``recipes/examples/parallel_block.yaml`` trains it.
     """
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
