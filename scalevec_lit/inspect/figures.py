@@ -19,6 +19,7 @@ from scalevec_lit.scale.sites import INPUT, layer_label
 from .stats import Row
 
 _EXPERT = re.compile(r"expert(\d+)$")
+MAX_ROWS_DRAWN = 48  # rows of a heatmap panel that get their own height (a 64-expert MoE has thousands)
 
 
 def _figure(width: float, height: float):
@@ -54,17 +55,17 @@ def profile_figure(path: Path, role: str, n_layer: int, sides: list[tuple[str, l
     palette = [f"C{i}" for i in range(10)]
     styles = ["-", "--"]
     for (label, rows), style in zip(sides, styles):
-        lines: dict[str, list[Row]] = {}
+        lines: dict[str, dict[int, list[Row]]] = {}
         for r in rows:
-            if r.view.role == role:
-                lines.setdefault(f"{r.view.site}/{r.view.branch}", []).append(r)
-        for name, members in lines.items():
+            if r.view.role == role:  # per-expert γ: one line, the mean over the experts of each layer
+                lines.setdefault(_panel_key(r), {}).setdefault(_x(r.view.layer, n_layer), []).append(r)
+        for name, by_x in lines.items():
             colour = colours.setdefault(name, palette[len(colours) % len(palette)])
-            members.sort(key=lambda r: _x(r.view.layer, n_layer))
-            xs = [_x(r.view.layer, n_layer) for r in members]
+            xs = sorted(by_x)
             for ax, stat in zip(axes, ("mean", "rms")):
-                ax.plot(xs, [r.stats[stat] for r in members], style, marker="o", ms=3, color=colour,
-                        label=f"{name}" + (f" ({label})" if len(sides) > 1 else ""))
+                ys = [float(np.mean([r.stats[stat] for r in by_x[x]])) for x in xs]
+                ax.plot(xs, ys, style, marker="o", ms=3, color=colour,
+                        label=name.replace("expert*", "expert* (mean)") + (f" ({label})" if len(sides) > 1 else ""))
     ticks = list(range(n_layer + 1))
     for ax, stat in zip(axes, ("mean of γ", "RMS of γ")):
         ax.set_title(stat, fontsize=10)
@@ -81,9 +82,14 @@ def profile_figure(path: Path, role: str, n_layer: int, sides: list[tuple[str, l
     fig.savefig(path)
 
 
+def _expert_number(row: Row) -> int:
+    expert = _EXPERT.match(row.view.branch)
+    return int(expert.group(1)) if expert else -1
+
+
 def _grid(rows: list[Row], n_layer: int, values) -> tuple[list[str], np.ndarray]:
     """Row labels and a [rows, channels] array (NaN where a layer has no such vector)."""
-    items = sorted(rows, key=lambda r: (_x(r.view.layer, n_layer), r.view.branch))
+    items = sorted(rows, key=lambda r: (_x(r.view.layer, n_layer), _expert_number(r), r.view.branch))
     width = max(values(r).numel() for r in items)
     grid = np.full((len(items), width), np.nan)
     labels = []
@@ -107,12 +113,17 @@ def heatmap_figure(path: Path, role: str, n_layer: int, rows: list[Row], title: 
             panels.setdefault(_panel_key(r), []).append(r)
     if not panels:
         return False
+    # panels of many rows (per-expert γ) last, so that the small ones share a row of the figure
+    order = sorted(panels, key=lambda k: len(panels[k]) > 2 * n_layer + 1)
+    panels = {k: panels[k] for k in order}
     n = len(panels)
     cols = min(n, 3)
     nrows = -(-n // cols)
-    tallest = max(len(m) for m in panels.values())
-    fig = _figure(5.2 * cols, nrows * (1.3 + 0.22 * tallest) + 0.6)
-    axes = fig.subplots(nrows, cols, squeeze=False).ravel()
+    heights = [1.3 + 0.22 * min(max(len(panels[k]) for k in order[r * cols:(r + 1) * cols]), MAX_ROWS_DRAWN)
+               for r in range(nrows)]  # inches per row of panels; more rows than MAX_ROWS_DRAWN share the height
+    height = sum(heights) + 0.7
+    fig = _figure(5.2 * cols, height)
+    axes = fig.subplots(nrows, cols, squeeze=False, gridspec_kw={"height_ratios": heights}).ravel()
     for ax, (name, members) in zip(axes, panels.items()):
         labels, grid = _grid(members, n_layer, values)
         finite = grid[np.isfinite(grid)]
@@ -123,7 +134,8 @@ def heatmap_figure(path: Path, role: str, n_layer: int, rows: list[Row], title: 
             kw = dict(cmap="viridis")
         cmap = matplotlib.colormaps[kw.pop("cmap")].with_extremes(bad="0.85")
         im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=cmap, **kw)
-        ax.set_yticks(range(len(labels)), labels, fontsize=6)
+        step = max(1, -(-len(labels) // MAX_ROWS_DRAWN))  # label every step-th row when there are many
+        ax.set_yticks(range(0, len(labels), step), labels[::step], fontsize=6)
         ax.set_xlabel("channel", fontsize=7)
         ax.tick_params(axis="x", labelsize=6)
         lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
@@ -131,10 +143,9 @@ def heatmap_figure(path: Path, role: str, n_layer: int, rows: list[Row], title: 
         fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02).ax.tick_params(labelsize=6)
     for ax in axes[n:]:
         ax.set_visible(False)
-    fig.suptitle(title, fontsize=11)
-    height = fig.get_figheight()
-    fig.subplots_adjust(left=0.07, right=0.98, top=1 - 0.55 / height, bottom=0.45 / height, wspace=0.3,
-                        hspace=0.9 / (1.3 + 0.22 * tallest))
+    fig.suptitle(title, fontsize=11, y=1 - 0.12 / height, va="top")
+    fig.subplots_adjust(left=0.07, right=0.98, top=1 - 0.6 / height, bottom=0.45 / height, wspace=0.3,
+                        hspace=0.9 / (sum(heights) / nrows))
     fig.savefig(path)
     return True
 
