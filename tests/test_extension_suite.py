@@ -409,3 +409,27 @@ def test_every_test_the_subclassing_page_names_exists():
         defined |= set(re.findall(r"^def (test_\w+)", path.read_text(), flags=re.M))
     assert named and named <= defined, sorted(named - defined)
     assert defined <= named | {"test_every_test_the_subclassing_page_names_exists"}, sorted(defined - named)
+
+
+def test_weights_that_no_longer_fit_the_user_class_are_refused_naming_it(prepared_data, tmp_path_factory, tmp_path,
+                                                                          capfd):
+    import json
+
+    from scalevec_lit.export import export
+
+    run = _fit("gelu_mlp", prepared_data, tmp_path_factory)
+    export(run["ckpt"], tmp_path / "native", format="native")
+    spec_file = tmp_path / "native" / "scalevec_spec.json"
+    spec = json.loads(spec_file.read_text())
+    spec["block"]["class_path"] = "extensions.blocks.SandwichBlock"  # as if GeluMLPBlock had been rewritten
+    spec_file.write_text(json.dumps(spec))
+    capfd.readouterr()
+    code, out = main_in_process(capfd, ["generate", "--ckpt", tmp_path / "native", "--prompt", "ROMEO:"])
+    assert code == 2, out
+    assert out.startswith("error: --ckpt: the weights do not fit the model its spec names "
+                          "(scalevec_lit.model.transformer.Transformer with the block extensions.blocks.SandwichBlock; "
+                          "missing: ['blocks.0.mlp.input.proj.gate.weight'")
+    assert ("other shapes: ['blocks.0.mlp.down.weight (128, 512) in the checkpoint, (128, 384) now', "
+            "'blocks.1.mlp.down.weight (128, 512) in the checkpoint, (128, 384) now']") in out
+    assert out.rstrip().endswith("that class now builds other parameters than when the checkpoint was written; "
+                                 "restore the class (or its package version) that wrote it")

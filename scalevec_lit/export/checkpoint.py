@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..model.rope import rope_tables
-from ..model.spec import UnimportableClassError, build_from_spec
+from ..model.spec import STOCK_MODEL, UnimportableClassError, build_from_spec
 from ..model.transformer import Transformer
 from ..verify import checkpoint_files, verify_checkpoint
 from .errors import ExportError
@@ -129,13 +129,24 @@ def model_from_state(spec: dict[str, Any], state: dict[str, torch.Tensor]) -> Tr
     tied = model.config.tie_embeddings
     if tied:
         state = {k: v for k, v in state.items() if k != Transformer.HEAD_KEY}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not (tied and k == Transformer.HEAD_KEY)]
-    if missing or unexpected:
+    own = model.state_dict()
+    reshaped = [f"{k} {tuple(v.shape)} in the checkpoint, {tuple(own[k].shape)} now" for k, v in state.items()
+                if k in own and own[k].shape != v.shape]
+    missing, unexpected = ([k for k in own if k not in state and not (tied and k == Transformer.HEAD_KEY)],
+                           [k for k in state if k not in own])
+    if missing or unexpected or reshaped:
+        model_path = (spec.get("model") or {}).get("class_path", STOCK_MODEL)
+        block = spec.get("block") or {}
+        built = f"{model_path} with the block {block.get('class_path', '?')}" + (
+            f" {block['init_args']}" if block.get("init_args") else "")
+        found = [f"{what}: {keys[:4]}" for what, keys in (("missing", missing), ("unexpected", unexpected),
+                                                           ("other shapes", reshaped)) if keys]
         raise ExportError(
-            f"--ckpt: the weights do not fit the model of the checkpoint's spec (missing: {missing[:5]}, "
-            f"unexpected: {unexpected[:5]}); was the checkpoint written by another version of the model code?"
+            f"--ckpt: the weights do not fit the model its spec names ({built}; {', '.join(found)}): that class "
+            "now builds other parameters than when the checkpoint was written; restore the class (or its package "
+            "version) that wrote it"
         )
+    model.load_state_dict(state, strict=False)
     if tied:
         model.tie_()
     cos, sin = rope_tables(model.config.seq_len, model.config.head_dim, model.config.rope_theta)
