@@ -36,7 +36,8 @@ class Transformer(nn.Module):
     Args:
         config: the shape.
         strategy: the scale-vector strategy (default: the standard one γ per norm).
-        block: the block class (or any callable ``(config, layer, strategy) -> nn.Module``).
+        block: the block class (in Python, any callable ``(config, layer, strategy) -> nn.Module``; a recipe's
+            ``model.block`` must name a ``Block`` subclass, with its ``init_args``). Recorded in checkpoints.
     """
 
     def __init__(
