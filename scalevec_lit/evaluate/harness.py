@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import json
 import random
 from pathlib import Path
@@ -59,7 +60,7 @@ def task_manager(tasks: Sequence[str], include_path: Optional[str | Sequence[str
         if _unknown(manager, wanted):
             manager = None
     if manager is None:
-        manager = TaskManager(include_path=[str(p) for p in paths] or None)
+        manager = _full_index(tuple(str(Path(p).resolve()) for p in paths))
     unknown = _unknown(manager, wanted)
     if unknown:
         name = unknown[0]
@@ -70,6 +71,14 @@ def task_manager(tasks: Sequence[str], include_path: Optional[str | Sequence[str
                         "check the spelling (`lm-eval ls tasks` lists them all), or pass the folder of your own "
                         f"task YAML files with {include_key}")
     return manager
+
+
+@functools.lru_cache(maxsize=4)
+def _full_index(paths: tuple[str, ...]):
+    """lm-eval's index of its own tasks (and ``paths``), built once per process (it reads thousands of files)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(paths) or None)
 
 
 def _unknown(manager, names: Sequence[str]) -> list[str]:
