@@ -21,7 +21,7 @@ the optimizer, its clipping and its decay did), and ``lr_gamma_sq_mean`` / ``lr_
 next step), the step size of gradient descent on ``w̃_j`` in the directions orthogonal to ``w_j`` (the
 smallest eigenvalue of ``η P_j``, ``P_j = γ_j² I + w_j w_jᵀ``: docs/PAPER.md §2). For the measured ratio
 the monitor copies the consumer weights once at the step before each log (one copy of those weights,
-freed at the log; none on other steps).
+freed at the log; none on other steps). Off by default: ``step_size: true``.
 
 At the first optimizer step it looks at the scale parameters' gradients once and warns, in one line, about
 any the loss cannot see (zero gradient, or below 1e-4 of the largest scale gradient: ``invisible_scales``),
@@ -88,10 +88,11 @@ class ScaleVectorMonitor(Callback):
         every_n_steps: optimizer steps between logs (also logs once before the first step).
         histogram_every_n_steps: steps between histograms of every scale part; 0 turns them off.
         heatmap: one image per role and log (layers × sites, a panel per statistic of γ).
-        preconditioner: the input-role figures ``min_gamma_sq``, ``drift_mean``, ``drift_absmax``, ``drift_rel``
-            and ``lr_gamma_sq_mean``, ``lr_gamma_sq_min``.
-        step_size: with ``preconditioner``, also ``step_rel_mean`` and ``step_rel_max`` (the measured relative
-            step of the merged consumer columns; a copy of the consumer weights at the step before each log).
+        preconditioner: the input-role figures ``min_gamma_sq``, ``drift_mean``, ``drift_absmax``, ``drift_rel``.
+        step_size: with ``preconditioner``, also the effective step of the consumer columns: ``step_rel_mean``,
+            ``step_rel_max`` (measured; a copy of the consumer weights at the step before each log) and
+            ``lr_gamma_sq_mean``, ``lr_gamma_sq_min`` (off by default: the copy costs one weights' worth of
+            memory at those steps).
     """
 
     def __init__(
@@ -100,7 +101,7 @@ class ScaleVectorMonitor(Callback):
         histogram_every_n_steps: int = 250,
         heatmap: bool = True,
         preconditioner: bool = True,
-        step_size: bool = True,
+        step_size: bool = False,
     ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"ScaleVectorMonitor.every_n_steps: {every_n_steps} must be >= 1")
@@ -168,7 +169,7 @@ class ScaleVectorMonitor(Callback):
                             figures["drift_mean"] = float(drift.mean())
                             figures["drift_absmax"] = float(drift.abs().max())
                             figures["drift_rel"] = float(drift.mean() / start.abs().mean().clamp_min(1e-12))
-                if vid in consumers:
+                if self.step_size and vid in consumers:
                     figures.update(self._step_figures(vid, gammas[vid], consumers[vid], lrs, before))
                 precond[vid] = figures
                 for name, value in figures.items():

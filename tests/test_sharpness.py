@@ -135,7 +135,7 @@ def _config(tmp_path, every_ckpt: int, sharpness: bool = True) -> str:
         f"      init_args: {{every_n_train_steps: {every_ckpt}, save_last: true, save_top_k: -1}}\n"
         "    - class_path: lightning.pytorch.callbacks.LearningRateMonitor\n"
         "    - class_path: scalevec_lit.callbacks.ScaleVectorMonitor\n"
-        "      init_args: {every_n_steps: 2, histogram_every_n_steps: 0, heatmap: false}\n"
+        "      init_args: {every_n_steps: 2, histogram_every_n_steps: 0, heatmap: false, step_size: true}\n"
         + ("    - class_path: scalevec_lit.callbacks.SharpnessMonitor\n"
            "      init_args: {every_n_steps: 2, top_k: 2, iterations: 4, batch_size: 2, params: [all, 'scales:input']}\n"
            if sharpness else "")
@@ -196,7 +196,7 @@ def test_column_step_figures_equal_a_direct_computation(preset):
     model, idx = micro(preset)
     opt = torch.optim.AdamW(build_param_groups(model, {"scale": {"lr": 0.004}}), lr=0.01)
     adam_steps(model, idx, opt, 1)
-    monitor = ScaleVectorMonitor(heatmap=False, histogram_every_n_steps=0)
+    monitor = ScaleVectorMonitor(heatmap=False, histogram_every_n_steps=0, step_size=True)
     vectors = {id(sp.vector): sp for sp in scale_parameters(model) if sp.info.role == "input" and sp.consumers}
 
     def merged_columns(sp) -> torch.Tensor:
