@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from test_generate import perturbed, spec_for, write_ckpt
-from scalevec_lit.inspect import inspect, load, rows_of
+from scalevec_lit.inspect import load, rows_of
 from scalevec_lit.scale.fold import fold_scales
 
 REL = 1e-12
@@ -34,10 +34,10 @@ def close(a: float, b: float, scale: float = 1.0) -> bool:
 
 
 def run_main(argv: list[str]) -> tuple[int, str, str]:
+    """``python -m scalevec_lit inspect <argv>`` in process: exit code, stdout, stderr."""
     from scalevec_lit.cli import main
 
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
+    out, err, code = io.StringIO(), io.StringIO(), 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             main(["inspect", *argv])
@@ -89,14 +89,15 @@ def test_statistics_conservation_and_fold_verdicts_of_a_native_model(preset, moe
         for name, value in want.items():
             assert close(row.stats[name], value), (row.view.key, name, row.stats[name], value)
         assert torch.equal(row.gamma, gamma.double())
-        if row.view.role == "input" and row.view.consumers and row.view.parameterization == "PlainScale":
-            expect = sum(column_sq(c.weight) if c.axis == -1 else column_sq(c.weight.transpose(-1, -2))
+        kind = row.view.parameterization if row.view.role == "input" and row.view.consumers else None
+        if kind == "PlainScale":
+            expect = sum(column_sq(c.weight if c.axis == -1 else c.weight.transpose(-1, -2))
                          for c in row.view.consumers) - gamma.double().square()
-            assert row.conserved is not None and row.conserved.shape == expect.shape
+            assert row.conserved.shape == expect.shape
             assert torch.allclose(row.conserved, expect, rtol=0, atol=REL * float(expect.abs().max()))
-        if row.view.role == "input" and row.view.consumers and row.view.parameterization == "MagnitudeDirectionScale":
-            beta = float(row.view.vector.magnitude.detach().double())
-            expect = sum(float(column_sq(c.weight).sum()) for c in row.view.consumers) - beta ** 2
+        if kind == "MagnitudeDirectionScale":
+            expect = sum(float(column_sq(c.weight).sum()) for c in row.view.consumers) - \
+                float(row.view.vector.magnitude.detach().double()) ** 2
             assert row.conserved.numel() == 1 and close(float(row.conserved), expect, abs(expect))
         if row.view.role == "output":
             assert row.conserved is None and not row.view.folds and "stays" in row.view.reason
@@ -122,8 +123,27 @@ def assert_fold_targets(model, rows) -> None:
         assert changed == expect, (row.view.key, changed, expect)
 
 
-def test_roles_sites_and_fold_targets_named_per_strategy():
-    views = {case_id(*c): {r.view.key: r.view for r in rows_of(native(*c)[1])} for c in CASES}
+def test_roles_sites_fold_targets_and_conservation_by_weight_name():
+    models = {case_id(*c): native(*c)[1] for c in CASES}
+    rows = {name: {r.view.key: r for r in rows_of(m)} for name, m in models.items()}
+    views = {name: {k: r.view for k, r in by_key.items()} for name, by_key in rows.items()}
+
+    def by_hand(case: str, key: tuple, weights: list[str], rows_of_weight: bool = False) -> torch.Tensor:
+        """Σ ‖w_j‖² over the named weights' columns (rows) minus γ_j², from the parameters themselves."""
+        got = [models[case].get_parameter(n).detach().double() for n in weights]
+        sq = sum((w.square().sum(-1) if rows_of_weight else w.square().sum(0)) for w in got)
+        return sq - rows[case][key].view.vector().detach().double().square()
+
+    key = (0, "attn_input", "shared", "input")
+    want = by_hand("baseline", key, [f"blocks.0.attn.input.proj.{b}.weight" for b in "qkv"])
+    assert torch.allclose(rows["baseline"][key].conserved, want, rtol=0, atol=REL * float(want.abs().max()))
+    key = (1, "attn_proj", "v", "input")  # dp: u on v's rows
+    want = by_hand("dp", key, ["blocks.1.attn.input.proj.v.weight"], rows_of_weight=True)
+    assert torch.allclose(rows["dp"][key].conserved, want, rtol=0, atol=REL * float(want.abs().max()))
+    head = models["unified"].get_parameter("final.proj.head.weight").detach().double()
+    beta = float(models["unified"].final.scales["head"].magnitude.detach().double())
+    want = float(head.square().sum()) - beta ** 2  # OR: one number, Σ_j ‖w_j‖² − β²
+    assert close(float(rows["unified"][(-1, "final", "head", "input")].conserved), want, abs(want))
     base = views["baseline"]
     assert sorted(k for k in base if k[0] == 0) == [(0, "attn_input", "shared", "input"), (0, "mlp_input", "shared", "input")]
     assert [t.describe() for t in base[(0, "attn_input", "shared", "input")].targets] == [
@@ -295,17 +315,6 @@ def test_compare_two_checkpoints_deltas_and_alignment(tmp_path):
     assert any(line.startswith("final") and "shared↔head" in line for line in out.splitlines())
 
 
-def test_compare_refuses_models_of_different_depth(tmp_path):
-    spec2, m2 = native("baseline", False, {})
-    spec3, m3 = native("baseline", False, {}, n_layer=3)
-    p2, p3 = write_ckpt(m2, spec2, tmp_path / "two.ckpt"), write_ckpt(m3, spec3, tmp_path / "three.ckpt")
-    code, out, err = run_main([str(p2), "--compare", str(p3)])
-    assert code == 2 and out == ""
-    assert err.strip() == (f"error: --compare: {str(p3)!r}: has 3 layers and PATH {str(p2)!r} has 2: the two cannot be "
-                           "aligned layer by layer; compare two checkpoints of the same architecture (e.g. two "
-                           "strategies, or one run before and after training)")
-
-
 # -- every form of checkpoint; bad input --------------------------------------------------------------------------
 @needs_transformers
 def test_reads_distributed_native_and_exported_folders_and_compares_before_and_after_export(tmp_path):
@@ -340,6 +349,8 @@ def test_reads_distributed_native_and_exported_folders_and_compares_before_and_a
 def test_bad_input_names_the_argument_and_the_fix(tmp_path):
     spec, model = native("baseline", False, {})
     ckpt = str(write_ckpt(model, spec, tmp_path / "m.ckpt"))
+    spec3, model3 = native("baseline", False, {}, n_layer=3)
+    deeper = str(write_ckpt(model3, spec3, tmp_path / "three.ckpt"))
     (tmp_path / "gpt2").mkdir()
     (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
     (tmp_path / "notes.txt").write_text("not a model\n")
@@ -362,9 +373,13 @@ def test_bad_input_names_the_argument_and_the_fix(tmp_path):
         ([ckpt, "--out", str(tmp_path / "notes.txt")], 2, f"--out: {str(tmp_path / 'notes.txt')!r}: is a file, not a "
          "folder; give a new or existing folder"),
         ([ckpt, "--out", str(tmp_path)], 2, f"--out: {str(tmp_path)!r}: contains the input {ckpt!r} (PATH)"),
+        ([ckpt, "--compare", deeper], 2, f"--compare: {deeper!r}: has 3 layers and PATH {ckpt!r} has 2: the two cannot "
+         "be aligned layer by layer; compare two checkpoints of the same architecture (e.g. two strategies, or one run "
+         "before and after training)"),
     ]
     for argv, want_code, message in cases:
         code, out, err = run_main(argv)
         assert (code, out) == (want_code, ""), (argv, code, err)
         assert err.startswith(f"error: {message}") and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.ckpt", "empty", "gpt2", "junk.ckpt", "m.ckpt", "notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.ckpt", "empty", "gpt2", "junk.ckpt", "m.ckpt", "notes.txt",
+                                                         "three.ckpt"]  # nothing written

@@ -18,7 +18,7 @@ from scalevec_lit.scale.sites import INPUT
 
 from .load import Loaded
 from .stats import STAT_NAMES, Row
-from .tables import _table, num
+from .tables import num, text_table
 
 SHARED = "shared"
 
@@ -114,7 +114,7 @@ def compare_tables(pairs: list[Pair], a: Loaded, b: Loaded) -> str:
             fb = "—" if p.b is None else ("folds" if p.b.view.folds else "stays")
             cells.append(fa if fa == fb else f"{fa} / {fb}")
             lines.append(cells)
-        out.append(f"{role}-role scale vectors, A vs B ({len(mine)})\n{_table(header, lines)}")
+        out.append(f"{role}-role scale vectors, A vs B ({len(mine)})\n{text_table(header, lines)}")
     return "\n\n".join(out)
 
 

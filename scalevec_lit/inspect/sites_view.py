@@ -18,7 +18,6 @@ from torch import nn
 
 from scalevec_lit.scale.registry import scale_parameters
 from scalevec_lit.scale.sites import INPUT, Consumer, NormSite, OutputNorm, layer_label
-from scalevec_lit.scale.strategy import has_input_side
 from scalevec_lit.scale.vector import ScaleVector
 
 
@@ -78,10 +77,6 @@ def _name(names: dict[int, list[str]], weight: torch.Tensor, branch: str) -> str
     return (mine or found or [branch])[0]
 
 
-def _weight_of(obj) -> torch.Tensor:
-    return obj.weight if isinstance(obj, nn.Module) else obj
-
-
 def scale_vectors(model: nn.Module) -> list[VectorView]:
     """Every scale vector of ``model`` in module order (one row per vector, its parts together)."""
     names = _names(model)
@@ -133,8 +128,6 @@ def _plan_fold(view: VectorView, site, names: dict[int, list[str]]) -> None:
 
 def _targets(site: NormSite, vector: ScaleVector, names) -> Optional[tuple[list[FoldTarget], str]]:
     """The weights ``site.fold_()`` folds ``vector`` into, and what kind of scale it is (``None``: not found)."""
-    if not hasattr(site, "factors"):  # the site interface before ``factors`` / ``input_scales`` (scale/ of Dec 4)
-        return _targets_before_factors(site, vector, names)
     for scale in site.input_scales():
         if scale.vector is vector:
             targets = [FoldTarget(_name(names, site.weight(b), b), "columns", scale.expert) for b in scale.branches]
@@ -146,25 +139,5 @@ def _targets(site: NormSite, vector: ScaleVector, names) -> Optional[tuple[list[
                 return [FoldTarget(_name(names, f.weight, b.name), "rows")], "un-normalized output-side u"
             if f.absorbed_by is not None:
                 return ([FoldTarget(_name(names, f.absorbed_by, ""), "columns")],
-                        f"output-side u after the normalization of {b.name}, read by a linear map")
-    return None
-
-
-def _targets_before_factors(site: NormSite, vector: ScaleVector, names) -> Optional[tuple[list[FoldTarget], str]]:
-    for key, vec in site.scales.items():
-        if vec is vector:
-            return ([FoldTarget(_name(names, site.weight(b.name), b.name), "columns") for b in site.branches
-                     if site.key[b.name] == key], "input-side γ")
-    for e, vec in enumerate(site.expert_scales or ()):
-        if vec is vector:
-            return ([FoldTarget(_name(names, site.weight(b.name), b.name), "columns", e) for b in site.branches
-                     if b.experts and has_input_side(site.placement[b.name])], "per-expert γ")
-    next_maps = site.__dict__.get("_next_maps", {})
-    for b in site.branches:
-        if site.proj[b.name].out_scale is vector:
-            if not site.normalizes(b.name):
-                return [FoldTarget(_name(names, site.weight(b.name), b.name), "rows")], "un-normalized output-side u"
-            if b.name in next_maps:
-                return ([FoldTarget(_name(names, _weight_of(next_maps[b.name]), ""), "columns")],
                         f"output-side u after the normalization of {b.name}, read by a linear map")
     return None

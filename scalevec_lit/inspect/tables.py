@@ -41,7 +41,7 @@ def fold_short(row: Row) -> str:
     return f"→ {'cols' if axis == 'columns' else 'rows'} {names}"
 
 
-def _table(header: list[str], lines: list[list[str]]) -> str:
+def text_table(header: list[str], lines: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in lines)) if lines else len(h) for i, h in enumerate(header)]
     right = [i >= 4 and i < len(header) - 1 for i in range(len(header))]
 
@@ -72,7 +72,7 @@ def role_tables(rows: list[Row]) -> str:
                              f"{num(c['c_mean'])} [{num(c['c_min'])}, {num(c['c_max'])}]")
             cells.append(fold_short(r))
             lines.append(cells)
-        out.append(f"{role}-role scale vectors ({len(mine)})\n{_table(header, lines)}")
+        out.append(f"{role}-role scale vectors ({len(mine)})\n{text_table(header, lines)}")
     return "\n\n".join(out)
 
 
