@@ -7,7 +7,7 @@ times each in the order AB, BA, AB, ... so that slow drifts of a shared machine 
 (median tokens/s of each, the prompt included in the time) and the ratio, and checks that both decoded
 the same tokens.
 
-    .venv/bin/python benchmarks/generate_speed.py --ckpt runs/smoke/checkpoints/last.ckpt
+    .venv/bin/python benchmarks/generate_speed.py --ckpt runs/smoke/version_0/checkpoints/last.ckpt
     .venv/bin/python benchmarks/generate_speed.py                 # a random model of the smoke shape
     .venv/bin/python benchmarks/generate_speed.py --ckpt ... --device cuda --dtype bfloat16
 """
