@@ -130,6 +130,7 @@ def test_loglikelihoods_equal_a_direct_float64_computation(preset, moe, at_root)
     model = trained_like(spec_for(preset, moe)).double()
     tok = Tokenizer(DEFAULT_TOKENIZER)
     lm = ScaleVecLM(model, tok, batch_size=3)
+    assert lm.use_cache and lm.max_length == 32  # generate_until decodes with the key/value cache
     out = run(lm, ["tiny_choice", "tiny_rolling"])
     samples = out["samples"]["tiny_choice"]
     assert len(samples) == 10
@@ -215,6 +216,9 @@ def test_command_on_a_hugging_face_folder_scores_as_transformers(tmp_path, capfd
     assert "Hugging Face LlamaForCausalLM" in text and "(imported in memory)" in text
     assert sorted(p.name for p in folder.iterdir()) == before
     acc = json.loads(out.read_text())["results"]["tiny_choice"]["acc,none"]
+    code, text = main_in_process(capfd, ["evaluate", "--ckpt_path", folder, "--tasks", "tiny_choice", "--include_path",
+                                         TASKS, "--tokenizer", other_tokenizer(tmp_path / "other.json")])
+    assert code == 2 and "error: --tokenizer:" in text and f"is not the tokenizer of {folder}" in text
 
     model, tok, _ = load_for_evaluation(folder)
     result = run(ScaleVecLM(model.double(), tok, batch_size=5), ["tiny_choice"])

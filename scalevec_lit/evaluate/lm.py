@@ -54,7 +54,6 @@ class ScaleVecLM(TemplateLM):
         self._rank, self._world_size = int(rank), int(world_size)
         self.forward_context = forward_context or contextlib.nullcontext
         self.use_cache = self._cache_usable() if use_cache is None else bool(use_cache)
-        self.forwards = 0  #: forwards run (real and, with several ranks, the one-token ones that keep step)
 
     # -- what lm-eval asks of a model -------------------------------------------------------------------
     @property
@@ -80,9 +79,7 @@ class ScaleVecLM(TemplateLM):
         return self.tok.decode(tokens)
 
     def get_model_info(self) -> dict:
-        params = getattr(self.model, "num_parameters", None)
-        count = sum(p.numel() for p in self.model.parameters())
-        return {"model_num_parameters": int(params() if callable(params) else count),
+        return {"model_num_parameters": sum(p.numel() for p in self.model.parameters()),
                 "model_dtype": str(next(self.model.parameters()).dtype), "model_name": self.name}
 
     # -- several processes ------------------------------------------------------------------------------
@@ -139,7 +136,6 @@ class ScaleVecLM(TemplateLM):
 
     @torch.no_grad()
     def _run(self, idx: torch.Tensor, cache=None) -> torch.Tensor:
-        self.forwards += 1
         with self.forward_context():
             logits = self.model(idx) if cache is None else self.model.forward_cached(idx, cache)
         return logits if logits.dtype == torch.float64 else logits.float()
