@@ -315,6 +315,18 @@ def test_compare_two_checkpoints_deltas_and_alignment(tmp_path):
     assert any(line.startswith("final") and "shared↔head" in line for line in out.splitlines())
 
 
+def test_a_model_without_scale_vectors_says_so_and_compares_as_only_b(tmp_path):
+    spec, model = native("no_scale", False, {})
+    bare = str(write_ckpt(model, spec, tmp_path / "bare.ckpt"))
+    spec_b, base = native("baseline", False, {})
+    code, out, err = run_main([bare])
+    assert (code, out.splitlines()[2:]) == (0, ["no learnable scale vectors: every norm of this model has γ ≡ 1 "
+                                                "(NoScale), nothing to fold"]), err
+    code, out, err = run_main([bare, "--compare", str(write_ckpt(base, spec_b, tmp_path / "base.ckpt"))])
+    rows = [line.split() for line in out.splitlines() if line.startswith(("layer", "final")) and "site" not in line]
+    assert code == 0 and [(r[3], r[4], r[-1]) for r in rows] == [("only", "B", "folds")] * 5
+
+
 # -- every form of checkpoint; bad input --------------------------------------------------------------------------
 @needs_transformers
 def test_reads_distributed_native_and_exported_folders_and_compares_before_and_after_export(tmp_path):

@@ -18,7 +18,7 @@ from scalevec_lit.scale.sites import INPUT
 
 from .load import Loaded
 from .stats import STAT_NAMES, Row
-from .tables import num, text_table
+from .tables import NO_SCALES, num, text_table
 
 SHARED = "shared"
 
@@ -90,6 +90,8 @@ def align(rows_a: list[Row], rows_b: list[Row]) -> list[Pair]:
 
 def compare_tables(pairs: list[Pair], a: Loaded, b: Loaded) -> str:
     out = [f"A = {a.path}\nB = {b.path}\nΔ = B − A"]
+    if not pairs:
+        out.append(NO_SCALES.replace("this model", "either model"))
     for role in sorted({p.any.view.role for p in pairs}, key=lambda r: r != INPUT):
         mine = [p for p in pairs if p.any.view.role == role]
         header = ["layer", "site", "branch", "match", "mean A", "mean B", "Δmean", "RMS A", "RMS B", "ΔRMS", "Δmin",

@@ -16,6 +16,7 @@ from .stats import STAT_NAMES, Row
 HEADERS = {"mean": "mean", "rms": "RMS", "std": "std", "min": "min", "max": "max", "anisotropy": "aniso",
            "near_zero": "~0 %"}
 SHOWN_STATS = ("mean", "rms", "min", "max", "anisotropy", "near_zero")
+NO_SCALES = "no learnable scale vectors: every norm of this model has γ ≡ 1 (NoScale), nothing to fold"
 
 
 def num(x: Optional[float]) -> str:
@@ -54,6 +55,8 @@ def text_table(header: list[str], lines: list[list[str]]) -> str:
 def role_tables(rows: list[Row]) -> str:
     """One table per role (input first): layer, site, branch, parameterization, statistics of γ, the conserved
     quantity ‖w_j‖² − γ_j² (input role: mean [min, max] over channels) and the fold verdict."""
+    if not rows:
+        return NO_SCALES
     out = []
     for role in sorted({r.view.role for r in rows}, key=lambda r: r != INPUT):
         mine = [r for r in rows if r.view.role == role]
