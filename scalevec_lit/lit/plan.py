@@ -346,6 +346,7 @@ def write_plan_json(p: Plan, cfg: Any, path: str) -> None:
     data = {
         "recipes": p.recipes, "devices": p.devices, "flops_per_token": p.flops_per_token,
         "params_total": p.count.total, "params_active": p.count.active, "micro_tokens": p.micro_tokens,
+        "seq_len": p.config.seq_len,
         "data_parallel": p.batch.data_parallel if p.batch is not None else p.shards,
         "tokens_per_step": p.batch.tokens if p.batch is not None else None, "max_steps": p.max_steps,
         "val_check_interval": _get(cfg, "trainer.val_check_interval"),

@@ -7,8 +7,9 @@ For the study's reference variant (its ``baseline``) the plan of one run is read
 
     train FLOP  = steps × tokens per step × FLOPs per token
     val FLOP    = evaluations × limit_val_batches × micro-batch tokens × data-parallel ranks × FLOPs per token / 3
-    monitor FLOP = for a ``SharpnessMonitor`` in the study's callbacks: calls × iterations × its batch
-                  tokens × 2 × FLOPs per token (a Hessian-vector product costs about two gradient steps)
+    monitor FLOP = for a ``SharpnessMonitor`` in the study's callbacks: (steps / every_n_steps + 1) calls ×
+                  iterations × parameter subsets × its batch tokens × 2 × FLOPs per token (a Hessian-vector
+                  product costs about two gradient steps; at most ``iterations`` Lanczos steps per subset)
     run time    = (train + val + monitor FLOP) / (D × peak × MFU) + start-up (compile, data, checkpoints)
     study time  = runs × run time (runs go one after another; each uses every device of the recipe)
 
@@ -64,8 +65,9 @@ def _sharpness_cost(study: Study) -> Optional[dict]:
     if args is None:
         return None
     args = dict(args or {})
-    return {"every": int(args.get("every_n_steps", 100)), "iters": int(args.get("iterations", args.get("iters", 20))),
-            "top_k": int(args.get("top_k", 1)), "batch_tokens": args.get("batch_tokens")}
+    params = args.get("params", ["all"])
+    return {"every": int(args.get("every_n_steps", 100)), "iters": int(args.get("iterations", 20)),
+            "subsets": 1 if isinstance(params, str) else len(params), "rows": args.get("batch_size")}
 
 
 def run_flops(plan: dict, study: Study) -> dict:
@@ -80,9 +82,9 @@ def run_flops(plan: dict, study: Study) -> dict:
         val = (steps // interval) * limit * plan["micro_tokens"] * plan["data_parallel"] * fpt / 3.0
     monitor = 0.0
     sharp = _sharpness_cost(study)
-    if sharp and sharp["every"] > 0:
-        tokens = sharp["batch_tokens"] or plan["micro_tokens"]
-        monitor = (steps // sharp["every"]) * sharp["iters"] * sharp["top_k"] * tokens * HVP_COST * fpt
+    if sharp and sharp["every"] > 0:  # at step 0 and every N steps; one Lanczos run per parameter subset
+        tokens = sharp["rows"] * plan["seq_len"] if sharp["rows"] else plan["micro_tokens"]
+        monitor = (steps // sharp["every"] + 1) * sharp["iters"] * sharp["subsets"] * tokens * HVP_COST * fpt
     return {"train": train, "val": val, "monitor": monitor, "total": train + val + monitor,
             "tokens": steps * per_step}
 
