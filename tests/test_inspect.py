@@ -164,6 +164,13 @@ def test_roles_sites_fold_targets_and_conservation_by_weight_name():
         "columns of blocks.1.mlp.input.proj.gate.weight[3]", "columns of blocks.1.mlp.input.proj.up.weight[3]"]
 
 
+def test_a_tied_head_folds_into_the_head_only():
+    spec, model = native("baseline", False, {}, tie_embeddings=True)
+    rows = rows_of(model)
+    assert [t.describe() for t in rows[-1].view.targets] == ["columns of final.proj.head.weight"]
+    assert_fold_targets(model, rows)  # the embedding keeps its values: folding unties the head
+
+
 def test_user_block_and_user_parameterization():
     """A user block with its own output norms (``extensions.blocks.SandwichBlock``: OutputNorm sites named
     ``attn_post``/``mlp_post``) and a user ScaleVector (``extensions.scales.SoftplusScale``, no conservation law)."""

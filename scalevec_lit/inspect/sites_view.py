@@ -1,6 +1,6 @@
 """The one place where ``inspect`` reads the scale sites: every scale vector of a model as a ``VectorView``
-(where it lives, its role, its parameterization, its effective γ, the weights that consume it) and what
-folding would do with it (``fold_plan``).
+(where it lives, its role, its parameterization, the weights that consume it) and what folding would do with
+it (``folds``, ``targets``, ``reason``).
 
 Everything else in ``scalevec_lit/inspect/`` reads ``VectorView`` only, so a change of the site interface
 (``scalevec_lit/scale/``) touches this file alone. The registry (``scale_parameters``) gives the vectors,
@@ -19,7 +19,6 @@ from torch import nn
 from scalevec_lit.scale.registry import scale_parameters
 from scalevec_lit.scale.sites import INPUT, Consumer, NormSite, OutputNorm, layer_label
 from scalevec_lit.scale.vector import ScaleVector
-
 
 
 @dataclass(frozen=True)
