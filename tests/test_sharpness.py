@@ -174,6 +174,13 @@ def test_callback_from_yaml_logs_at_its_steps_and_resume_keeps_its_schedule(prep
     code, out = main_in_process(capfd, smoke_args(prepared_data, alone, 4, "--config", _config(alone, 4, False), *small))
     assert code == 0, out[-3000:]
     assert scalars(alone / "smoke" / "version_0")["train/loss"] == logs["train/loss"]
+    # the study report's figure: drawn from the runs that logged sharpness, nothing from the others
+    from scalevec_lit.study.figures import plot_sharpness
+
+    lines = plot_sharpness({"with": [tmp_path / "smoke" / "version_0"], "alone": [alone / "smoke"]}, tmp_path)
+    assert lines[-2] == "![sharpness](sharpness.png)" and "of with at their best LR" in lines[0]
+    assert (tmp_path / "sharpness.png").stat().st_size > 10_000
+    assert plot_sharpness({"alone": [alone / "smoke"]}, alone) == [] and not (alone / "sharpness.png").exists()
 
     state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["callbacks"]
     (kept,) = [v for k, v in state.items() if k.startswith("SharpnessMonitor")]
@@ -229,3 +236,17 @@ def test_column_step_figures_equal_a_direct_computation(preset):
         assert close(logged[tag("lr_gamma_sq_min")], 0.01 * g2.min().item(), 1e-15)
     # without the step before, no measured step (and nothing kept)
     assert not any(k.endswith("step_rel_mean") for k in monitor.collect(model, lrs=lrs).scalars)
+
+
+def test_fsdp_is_refused_at_setup_with_the_fix():
+    from types import SimpleNamespace
+
+    from scalevec_lit.errors import UserError
+
+    class ModelParallelStrategy:  # the name is what the monitor checks (FSDP2 in Lightning)
+        pass
+
+    with pytest.raises(UserError, match=r"trainer.callbacks: SharpnessMonitor: trainer.strategy ModelParallelStrategy: "
+                                        r"Hessian-vector products need .*; measure sharpness on a single device or "
+                                        r"with DDP"):
+        SharpnessMonitor().setup(SimpleNamespace(strategy=ModelParallelStrategy()), None, "fit")

@@ -180,3 +180,54 @@ def plot_dynamics(roots: dict[str, list[Path]], path: Path) -> Optional[str]:
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path.name
+
+
+def _seed_mean(per_seed: list[dict], tag: str):
+    """(steps every seed logged, mean over seeds) of ``tag``, or None when some seed lacks it."""
+    import numpy as np
+
+    if not per_seed or any(tag not in s for s in per_seed):
+        return None
+    steps = sorted(set.intersection(*(set(dict(s[tag])) for s in per_seed)))
+    return (steps, np.mean([[dict(s[tag])[k] for k in steps] for s in per_seed], axis=0)) if steps else None
+
+
+def plot_sharpness(roots: dict[str, list[Path]], out: Path) -> list[str]:
+    """``SharpnessMonitor``'s figures (``sharpness/...``) of the given variants (``name -> run roots``), mean
+    over seeds: per parameter subset, λ_max of the loss Hessian (and the preconditioned λ_max, dashed) on a
+    log scale, and the ratio to the optimizer's stability threshold (1 = the edge of stability). Writes
+    ``<out>/sharpness.png`` and returns the report's lines for it; nothing when no run logged sharpness."""
+    data = {n: [read_scalars(r, ("sharpness/",)) for r in rs] for n, rs in roots.items() if rs}
+    data = {n: s for n, s in data.items() if any(s)}
+    prefixes = sorted({t[: -len("/lambda_max")] for s in data.values() for one in s for t in one
+                       if t.endswith("/lambda_max") and not t.endswith("precond_lambda_max")})
+    if not prefixes:
+        return []
+    plt = _plt()
+    fig, axes = plt.subplots(len(prefixes), 2, figsize=(12, 3.6 * len(prefixes)), squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    for row, prefix in enumerate(prefixes):
+        ax_l, ax_r = axes[row]
+        for i, (name, per_seed) in enumerate(data.items()):
+            for suffix, style, label in (("lambda_max", "-", "λ_max"), ("precond_lambda_max", "--", "precond. λ_max")):
+                series = _seed_mean(per_seed, f"{prefix}/{suffix}")
+                if series:
+                    ax_l.plot(series[0], series[1], style, color=cmap(i % 10), label=f"{name} {label}", linewidth=1.2)
+            series = _seed_mean(per_seed, f"{prefix}/threshold_ratio")
+            if series:
+                ax_r.plot(series[0], series[1], "-", color=cmap(i % 10), label=name, marker="o", markersize=2)
+        ax_l.set_yscale("symlog", linthresh=1.0)
+        ax_l.set_title(f"{prefix}: top Hessian eigenvalue (mean over seeds)", fontsize=9)
+        ax_r.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+        ax_r.set_title(f"{prefix}: λ_max / stability threshold (1 = edge of stability)", fontsize=9)
+        for ax in (ax_l, ax_r):
+            ax.set_xlabel("optimizer step", fontsize=8)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(out) / "sharpness.png"
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return [f"Sharpness (`SharpnessMonitor`, held-out batch; Adam: preconditioned by its second moment) of "
+            f"{', '.join(data)} at their best LR:", "", f"![sharpness]({path.name})", ""]

@@ -24,7 +24,7 @@ import yaml
 
 from . import stats
 from .events import read_scalars, run_endpoint
-from .figures import plot_dynamics, plot_lr_sweep, plot_paired, plot_val
+from .figures import plot_dynamics, plot_lr_sweep, plot_paired, plot_sharpness, plot_val
 from .runner import now
 from .downstream import report_section as downstream_section
 from .secondary import report_section as secondary_section
@@ -342,6 +342,7 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
         L += [f"Scale-vector dynamics (`ScaleVectorMonitor`, mean effective γ per layer and site, mean over seeds) "
               f"of {', '.join(n for n in dyn_names if dyn_roots.get(n))} at their best LR:", "",
               f"![scale dynamics]({dyn})", ""]
+    L += plot_sharpness({n: dyn_roots[n] for n in grid.order}, out)
     if command:
         L += [command, ""]
     notes = out / "notes.md"
