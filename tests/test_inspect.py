@@ -64,7 +64,8 @@ def column_sq(w: torch.Tensor) -> torch.Tensor:
 
 # -- our own checkpoints -------------------------------------------------------------------------------------
 CASES = [("baseline", False, {}), ("unified", False, {}), ("dp", False, {}), ("unified_dnp_vup", False, {}),
-         ("sandwich", False, {}), ("dnp", True, {}), ("baseline", True, {"scales": "expert"})]
+         ("sandwich", False, {}), ("er", False, {}), ("unit_offset", False, {}), ("dnp", True, {}),
+         ("baseline", True, {"scales": "expert"})]
 
 
 def case_id(preset: str, moe: bool, extra: dict) -> str:
@@ -90,14 +91,19 @@ def test_statistics_conservation_and_fold_verdicts_of_a_native_model(preset, moe
             assert close(row.stats[name], value), (row.view.key, name, row.stats[name], value)
         assert torch.equal(row.gamma, gamma.double())
         kind = row.view.parameterization if row.view.role == "input" and row.view.consumers else None
-        if kind == "PlainScale":
+        assert kind in (None, "PlainScale", "UnitOffsetScale", "MagnitudeDirectionScale", "ExpMagnitudeDirectionScale",
+                        "DirectionScale"), kind  # every law below is checked by hand; DirectionScale has none
+        if kind == "DirectionScale":
+            assert row.conserved is None
+        if kind in ("PlainScale", "UnitOffsetScale"):
             expect = sum(column_sq(c.weight if c.axis == -1 else c.weight.transpose(-1, -2))
                          for c in row.view.consumers) - gamma.double().square()
             assert row.conserved.shape == expect.shape
             assert torch.allclose(row.conserved, expect, rtol=0, atol=REL * float(expect.abs().max()))
-        if kind == "MagnitudeDirectionScale":
+        if kind in ("MagnitudeDirectionScale", "ExpMagnitudeDirectionScale"):  # β² or 2b: one number
+            b = float(row.view.vector.magnitude.detach().double())
             expect = sum(float(column_sq(c.weight).sum()) for c in row.view.consumers) - \
-                float(row.view.vector.magnitude.detach().double()) ** 2
+                (b ** 2 if kind == "MagnitudeDirectionScale" else 2 * b)
             assert row.conserved.numel() == 1 and close(float(row.conserved), expect, abs(expect))
         if row.view.role == "output":
             assert row.conserved is None and not row.view.folds and "stays" in row.view.reason
