@@ -119,7 +119,7 @@ def test_fsdp2_two_processes_evaluate_their_shares(prepared_data, tmp_path, monk
 class _Trainer:
     """What the callback reads of a trainer between its steps."""
 
-    global_step, world_size, global_rank, loggers = 3, 1, 0, []
+    global_step, world_size, global_rank, loggers, strategy = 3, 1, 0, [], None
 
 
 def test_nothing_is_imported_or_built_between_its_steps(monkeypatch):
@@ -135,6 +135,10 @@ def test_nothing_is_imported_or_built_between_its_steps(monkeypatch):
     trainer.global_step = 10  # an evaluation step: it starts building (here: fails on the missing lm-eval)
     with pytest.raises(ImportError):
         cb.on_train_batch_end(trainer, None, None, None, 0)
+    from scalevec_lit.errors import UserError
+
+    with pytest.raises(UserError, match=r"DownstreamEval: lm-eval: is not installed .*pip install -e '\.\[eval\]'"):
+        cb.setup(trainer, None, "fit")  # a fit with the callback and no lm-eval stops before its first step
     cb.load_state_dict({"last_step": 10, "history": {10: {"tiny_choice/acc": 0.5}}})
     cb.on_train_batch_end(trainer, None, None, None, 0)  # evaluated at 10 before the checkpoint: not again
     assert cb.state_dict() == {"last_step": 10, "history": {10: {"tiny_choice/acc": 0.5}}}
