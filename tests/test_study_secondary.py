@@ -3,6 +3,7 @@ design needs, the endpoint read from TensorBoard events, and the report's paired
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,7 @@ def test_study_file_checks(tmp_path):
     study = load_study(_write(tmp_path, SPEC))
     assert study.secondary[0]["reference"] == "iwd" and study.power["level"] == 0.8
     line = power_line(study)
-    assert f"needs {seeds_needed(0.02, 0.05)} seeds; the study has 4: enough" in line and "study X" in line
+    assert f"needs {seeds_needed(0.02, 0.05)} seeds; the study has 4: enough" in line and "(source: study X)" in line
     bad = [({"secondary": [{"tag": "x", "oops": 1}]}, "only"),
            ({"secondary": [{"tag": "x", "expect": {"nope": "lower"}}]}, "unknown variant 'nope'"),
            ({"secondary": [{"tag": "x", "expect": {"decay_none": "up"}}]}, "must be lower or higher"),
@@ -63,6 +64,9 @@ def test_endpoint_read_from_events(tmp_path):
     study = load_study(_write(tmp_path, SPEC))
     got = endpoints_of(tmp_path, study)
     assert got == {"sharpness/precond_lambda_max": {"value": 8.0, "steps": [20, 30], "n": 2}}
+    study.secondary[0]["log"] = True
+    got = endpoints_of(tmp_path, study)["sharpness/precond_lambda_max"]
+    assert got["value"] == pytest.approx((math.log(7.0) + math.log(9.0)) / 2, rel=1e-12)
 
 
 def test_report_compares_secondary_endpoints_paired(tmp_path):

@@ -7,6 +7,8 @@ A study file may name, beside the validation-loss endpoint:
   ``evals`` logged values (default 3), recorded in ``done.json`` under ``secondary``; the report compares
   each variant against ``reference`` (default the study's baseline) paired by seed at the same LR (the
   reference's best), with ``expect: {variant: lower|higher}`` deciding a verdict by the paired t-test;
+  ``log: true`` takes the natural log of each value first (for a scale-free quantity such as a Hessian
+  eigenvalue: a difference of 0.1 is then about 10%, and seeds vary by a factor, not an amount);
 - ``power``: ``{mde, pilot_sd, level, endpoint, source}``: the minimum detectable effect the study is
   designed for (on the primary endpoint, or on a secondary tag named by ``endpoint``), the paired std it
   was sized from (``pilot_sd``, from an earlier study named in ``source``), and the power (``level``,
@@ -23,7 +25,7 @@ from typing import Optional
 
 from . import stats
 
-SECONDARY_KEYS = {"tag", "evals", "expect", "reference", "name"}
+SECONDARY_KEYS = {"tag", "evals", "expect", "reference", "name", "log"}
 POWER_KEYS = {"mde", "pilot_sd", "level", "endpoint", "source"}
 
 
@@ -50,7 +52,7 @@ def check_secondary(raw: object, path: Path, variants: list[str], baseline: str)
         if evals < 1:
             raise SystemExit(f"study: {path}: secondary {item['tag']!r}: evals must be at least 1")
         out.append({"tag": str(item["tag"]), "evals": evals, "expect": dict(item.get("expect") or {}),
-                    "reference": ref, "name": str(item.get("name", item["tag"]))})
+                    "reference": ref, "name": str(item.get("name", item["tag"])), "log": bool(item.get("log", False))})
     return out
 
 
@@ -90,7 +92,7 @@ def power_line(study, seeds: Optional[int] = None) -> Optional[str]:
         return (f"Pre-registered minimum detectable effect on {on}: {p['mde']:g} at {p['level']:.0%} power "
                 f"(no pilot std given: the seeds are not sized; {n_have} seeds).")
     need = seeds_needed(p["pilot_sd"], p["mde"], study.alpha, p["level"])
-    src = f" (from {p['source']})" if p["source"] else ""
+    src = f" (source: {p['source']})" if p["source"] else ""
     verdict = ("enough" if need is not None and n_have >= need else "NOT enough: the study is underpowered for it")
     return (f"Pre-registered minimum detectable effect on {on}: {p['mde']:g} at {p['level']:.0%} power, paired "
             f"t-test at {study.alpha:g}, pilot paired std {p['pilot_sd']:g}{src}: needs "
@@ -108,6 +110,8 @@ def endpoints_of(root: Path, study) -> dict:
     out = {}
     for s in specs:
         series = logged.get(s["tag"], [])
+        if s["log"]:  # a non-positive value has no log: it is left out (a NaN would void the run)
+            series = [(step, math.log(v)) for step, v in series if v > 0]
         if series:
             out[s["tag"]] = endpoint(series, s["evals"])
     return out
@@ -133,7 +137,8 @@ def report_section(study, runs: dict, best_lr_of) -> list[str]:
             e = (d.get("secondary") or {}).get(tag)
             if e is not None and math.isfinite(float(e["value"])):
                 per.setdefault(r.variant, {})[r.seed] = float(e["value"])
-        lines += [f"### `{s['name']}`: mean of the last {s['evals']} values of `{tag}`", ""]
+        what = f"natural log of the last {s['evals']} values" if s["log"] else f"last {s['evals']} values"
+        lines += [f"### `{s['name']}`: mean of the {what} of `{tag}`", ""]
         if not per:
             lines += [f"No run logged `{tag}`.", ""]
             continue
