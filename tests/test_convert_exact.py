@@ -97,6 +97,15 @@ def test_a_user_class_with_an_inverse_is_kept_exact(sign):
         assert folded == ["final.head: input scale folded into the weight"]
 
 
+def test_a_source_without_an_inverse_converts_exactly_to_a_shipped_class():
+    """Reading a source needs only its γ: a user class without an inverse converts to PlainScale exactly."""
+    model = _model(ScaleStrategy(vector=SquareScale))
+    converted, report, moved = convert_model(model, ScaleStrategy())
+    assert report.changes == [] and moved <= tolerance(model.config)
+    assert [n for n in report.notes if "folded" in n] == []  # every γ held by a PlainScale
+    assert _rel(_logits(converted), _logits(model)) <= tolerance(model.config)
+
+
 def test_a_float32_model_is_transferred_in_float64_and_returned_in_float32():
     model = _model(ScaleStrategy(), torch.float32)
     converted, report, moved = convert_model(model, ScaleStrategy(branch_specific=True))
