@@ -6,8 +6,8 @@ then top-k, then top-p), with a key/value cache (``Transformer.forward_cached``,
 prints each piece of text as soon as it is complete (a multi-byte character waits for its last token).
 
 Library use: ``generate(model, prompt_ids, max_new_tokens, Sampling(...), generator=...)``; a model that cannot
-decode with the cache (a block with its own attention: ``model/cache.py`` ``cache_unsupported``) runs without it,
-as the command does (``use_cache=True`` refuses it instead).
+decode with the cache (a block with its own attention, an attention layer that does not read it:
+``model/cache.py`` ``cache_problem``) runs without it, as the command does (``use_cache=True`` refuses it instead).
 
 Plain torch (+ tokenizers): must not import Lightning.
 """
@@ -72,11 +72,11 @@ def next_token(logits: torch.Tensor, sampling: Sampling, generator: Optional[tor
 
 def supports_cache(model) -> bool:
     """True when ``model.forward_cached`` gives ``forward``'s logits: every block's attention is a
-    ``CausalSelfAttention`` (the module that reads the cache) and the model class does not override ``forward``
-    alone (``model/cache.py``)."""
-    from .model.cache import cache_unsupported
+    ``CausalSelfAttention`` (the module that reads the cache), the model class does not override ``forward``
+    alone, and every attention layer reads its cache (checked on one token; ``model/cache.py`` ``cache_problem``)."""
+    from .model.cache import cache_problem
 
-    return cache_unsupported(model) is None
+    return cache_problem(model) is None
 
 
 @torch.no_grad()
@@ -234,9 +234,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     model.to(device)
     if args.dtype != "float32":
         _cast_parameters_(model, DTYPES[args.dtype])
-    from .model.cache import cache_unsupported
+    from .model.cache import cache_problem
 
-    why = None if args.no_cache else cache_unsupported(model)
+    why = None if args.no_cache else cache_problem(model)
     use_cache = not args.no_cache and why is None
     if why is not None:
         print(f"note: {why}: generating without the key/value cache", file=sys.stderr)

@@ -1,7 +1,7 @@
 """The extension suite: user-style extensions (``tests/extensions/``, a package outside the library, chosen by
 the YAML recipes beside it) through every command, as a user would run them.
 
-Extensions (``EXTENSIONS``): a sandwich-norm block with ``OutputNorm`` sites and the same block written with
+Extensions (``EXTENSIONS``): the shipped one-norm parallel block chosen from YAML, a sandwich-norm block with ``OutputNorm`` sites and the same block written with
 ``nn.RMSNorm``; a block overriding ``build_mlp`` (an MLP of its own composing a ``NormSite``) and one overriding
 ``build_attention`` (an attention of its own: no scale site, no cache); a ``CausalLM`` subclass overriding
 ``build_model`` without new parameters (``SoftCapLM``; the one with a parameter is ``tests/test_extensions.py``);
@@ -35,6 +35,9 @@ EXTENSIONS = {
     "softcap": ("softcap.yaml", "model", "extensions.models.SoftCapTransformer"),
     "softplus": ("softplus_scale.yaml", "vector", "extensions.scales.SoftplusScale"),
     "tanh": ("tanh_scale.yaml", "vector", "extensions.scales.TanhScale"),
+    # the shipped one-norm parallel block, chosen from YAML as a user block is
+    "one_norm_parallel": (str(ROOT / "recipes" / "examples" / "parallel_one_norm.yaml"), "block",
+                          "scalevec_lit.model.parallel.OneNormParallelBlock"),
 }
 SMALL = ["--model.config.n_layer=2", "--model.config.seq_len=32", "--data.batch_size=4",
          "--trainer.num_sanity_val_steps=0", "--trainer.limit_val_batches=1"]
@@ -292,6 +295,7 @@ CONVERSIONS = [  # (extension, target strategy, None: exact, else words of the r
     ("softcap", EXT / "softplus_scale.yaml", None),  # γ written through SoftplusScale.set_gamma_
     ("softplus", BASELINE, None),  # a user γ read by the stock PlainScale's inverse
     ("sandwich", STRATEGY / "hg.yaml", None),  # a user block (its OutputNorm γ too) into another strategy
+    ("one_norm_parallel", STRATEGY / "hg.yaml", None),  # its one γ into one γ per branch (q, k, v, gate, up)
     ("softcap", EXT / "tanh_scale.yaml", "extensions.scales.TanhScale has no inverse"),
     ("sandwich", STRATEGY / "unified.yaml", "--allow-function-change"),
 ]
@@ -363,21 +367,22 @@ def test_an_attention_that_ignores_the_cache_is_refused():
     from helpers import tiny_config
     from scalevec_lit.generate import generate
     from scalevec_lit.model import Transformer
+    from scalevec_lit.model.cache import CacheNotRead, cache_problem
 
     model = Transformer(tiny_config(), block=CacheBlindBlock).eval()
     prompt = tokens(model, 5)
+    named = (r"^attention layer 0 \(extensions\.blocks\.CacheBlindAttention\) did not read the key/value cache "
+             r"\(2 of 2 layers did not\)")
+    cache = model.new_cache()
+    with pytest.raises(CacheNotRead, match=named + r": its forward does not take the cache path, so the logits would "
+                                                   r"ignore the earlier positions; use generate\(\.\.\., use_cache=False\)$"):
+        model.forward_cached(prompt, cache)
+    assert cache.length == 0  # refused after the call: nothing advanced
+    assert cache_problem(model) == ("attention layer 0 (extensions.blocks.CacheBlindAttention) did not read the "
+                                    "key/value cache (2 of 2 layers did not)")
     assert torch.equal(generate(model, prompt, 6), generate(model, prompt, 6, use_cache=False))  # without the cache
-    with pytest.raises(ValueError, match=r"block 0's attention extensions\.blocks\.CacheBlindAttention overrides "
-                                         r"forward but not _forward_cached"):
+    with pytest.raises(CacheNotRead, match=named):
         generate(model, prompt, 6, use_cache=True)
-    # an attention that escapes the class check (here: an instance's forward replaced) is refused after the call
-    stock = Transformer(tiny_config()).eval()
-    stock.blocks[1].attn.forward = lambda x, cos, sin: torch.zeros_like(x)  # never reads its cache
-    cache = stock.new_cache()
-    with pytest.raises(ValueError, match=r"^attention layer 1 \(scalevec_lit\.model\.attention\.CausalSelfAttention\) "
-                                         r"did not read the key/value cache \(1 of 2 layers did not\)"):
-        stock.forward_cached(prompt, cache)
-    assert cache.length == 0
 
 
 # -- the ScaleVector inverse of a user class, and the page that documents all this --------------------------------

@@ -4,12 +4,13 @@
 appends their keys and values; the training path (``Transformer.forward``) never sees a cache. Keys are
 stored after the per-head norm, ``u`` and RoPE (what attention reads), values after their output side.
 
-Only ``CausalSelfAttention`` reads the cache: ``cache_unsupported(model)`` says why a model cannot decode with
-it (a block without that module, or a model class that overrides ``forward`` but not ``forward_cached``), and
-``forward_cached`` refuses such a model (``check_cache_support``) instead of returning logits that ignore the
-earlier positions; ``generate()`` then runs without the cache. A ``CausalSelfAttention`` subclass that overrides
-``forward`` must override ``_forward_cached`` too; and whatever the classes, an attention layer that did not
-read its cache in a call is refused after it (``KVCache.advance``), never returned silently.
+Only ``CausalSelfAttention`` reads the cache (in ``attend``). ``cache_unsupported(model)`` says why a model cannot
+decode with it, from its classes (a block without that module, or a model class that overrides ``forward`` but not
+``forward_cached``), and ``forward_cached`` refuses such a model (``check_cache_support``) instead of returning
+logits that ignore the earlier positions. Whatever the classes, an attention layer that did not read its cache in a
+call (e.g. a subclass whose ``forward`` bypasses ``attend``'s cache path) is refused after the call
+(``KVCache.advance`` raises ``CacheNotRead``), never returned silently. ``cache_problem(model)`` checks both, the
+second on one token; ``generate()`` runs without the cache when it finds a problem.
 
 Plain torch only: must not import Lightning.
 """
@@ -18,6 +19,11 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+
+
+class CacheNotRead(ValueError):
+    """An attention layer did not read its key/value cache during ``forward_cached``: its logits would ignore the
+    earlier positions."""
 
 
 class LayerCache:
@@ -77,7 +83,7 @@ class KVCache:
         if skipped:
             i = skipped[0]
             what = f" ({type(modules[i]).__module__}.{type(modules[i]).__qualname__})" if modules else ""
-            raise ValueError(f"attention layer {i}{what} did not read the key/value cache ({len(skipped)} of "
+            raise CacheNotRead(f"attention layer {i}{what} did not read the key/value cache ({len(skipped)} of "
                              f"{len(self.layers)} layers did not): its forward does not take the cache path, so the "
                              "logits would ignore the earlier positions; use generate(..., use_cache=False)")
         self.length += T
@@ -95,12 +101,6 @@ def cache_unsupported(model) -> Optional[str]:
         if not any(isinstance(m, CausalSelfAttention) for m in block.modules()):
             return (f"block {i} ({type(block).__module__}.{type(block).__qualname__}) has no CausalSelfAttention, "
                     "the module that reads the key/value cache")
-        for m in block.modules():
-            cls = type(m)
-            if isinstance(m, CausalSelfAttention) and cls.forward is not CausalSelfAttention.forward and \
-                    cls._forward_cached is CausalSelfAttention._forward_cached:
-                return (f"block {i}'s attention {cls.__module__}.{cls.__qualname__} overrides forward but not "
-                        "_forward_cached, so decoding with the cache would skip its own computation")
     cls = type(model)
     if isinstance(model, Transformer) and cls.forward is not Transformer.forward and \
             cls.forward_cached is Transformer.forward_cached:
@@ -116,3 +116,18 @@ def check_cache_support(model) -> None:
         raise ValueError(f"this model cannot decode with a key/value cache: {why}; use generate(..., use_cache=False) "
                          "(generate() without use_cache falls back to it by itself), or give the module the cache "
                          "path (a CausalSelfAttention, or a forward_cached override)")
+
+
+@torch.no_grad()
+def cache_problem(model) -> Optional[str]:
+    """Why decoding ``model`` with the cache would not give ``forward``'s logits, or ``None``: ``cache_unsupported``
+    (from the classes), then one token run through ``forward_cached`` (an attention layer that does not read its
+    cache, whatever its class)."""
+    why = cache_unsupported(model)
+    if why is not None:
+        return why
+    try:
+        model.forward_cached(torch.zeros(1, 1, dtype=torch.long, device=model.embed.weight.device), model.new_cache(1))
+    except CacheNotRead as err:
+        return str(err).partition(": its forward")[0]
+    return None

@@ -8,7 +8,7 @@
 - ``GeluMLPBlock``: ``build_mlp`` overridden by an MLP of its own that composes a ``NormSite``;
 - ``PlainAttentionBlock``: ``build_attention`` overridden by an attention of its own (no scale site, no cache);
 - ``CacheBlindBlock``: ``build_attention`` overridden by a ``CausalSelfAttention`` subclass whose ``forward``
-  ignores the key/value cache;
+  bypasses the key/value cache;
 - ``AttentionOnlyBlock``: not a ``Block`` subclass, and without ``.mlp`` (from Python only).
 """
 from __future__ import annotations
@@ -124,8 +124,8 @@ class AttentionOnlyBlock(nn.Module):
 
 
 class CacheBlindAttention(CausalSelfAttention):
-    """The stock attention with ``forward`` rewritten (the output halved) and without the cache path: decoding with
-    the cache would give other logits, so it is refused (``generate()`` runs without the cache)."""
+    """The stock attention with ``forward`` rewritten (the output halved) so that it bypasses the cache: decoding
+    with the cache would give other logits, so it is refused (``generate()`` runs without the cache)."""
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         saved, self.kv_cache = self.kv_cache, None
