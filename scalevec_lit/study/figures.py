@@ -208,15 +208,21 @@ def plot_sharpness(roots: dict[str, list[Path]], out: Path) -> list[str]:
     cmap = plt.get_cmap("tab10")
     for row, prefix in enumerate(prefixes):
         ax_l, ax_r = axes[row]
+        plotted = []
         for i, (name, per_seed) in enumerate(data.items()):
             for suffix, style, label in (("lambda_max", "-", "λ_max"), ("precond_lambda_max", "--", "precond. λ_max")):
                 series = _seed_mean(per_seed, f"{prefix}/{suffix}")
                 if series:
                     ax_l.plot(series[0], series[1], style, color=cmap(i % 10), label=f"{name} {label}", linewidth=1.2)
+                    plotted += [float(v) for v in series[1]]
             series = _seed_mean(per_seed, f"{prefix}/threshold_ratio")
             if series:
                 ax_r.plot(series[0], series[1], "-", color=cmap(i % 10), label=name, marker="o", markersize=2)
-        ax_l.set_yscale("symlog", linthresh=1.0)
+        sizes = [abs(v) for v in plotted if v != 0]  # eigenvalues span decades; a negative one needs symlog
+        if sizes and all(v > 0 for v in plotted):
+            ax_l.set_yscale("log")
+        elif sizes:
+            ax_l.set_yscale("symlog", linthresh=min(sizes))
         ax_l.set_title(f"{prefix}: top Hessian eigenvalue (mean over seeds)", fontsize=9)
         ax_r.axhline(1.0, color="gray", linestyle="--", linewidth=1)
         ax_r.set_title(f"{prefix}: λ_max / stability threshold (1 = edge of stability)", fontsize=9)
