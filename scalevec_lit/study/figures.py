@@ -208,7 +208,7 @@ def plot_sharpness(roots: dict[str, list[Path]], out: Path) -> list[str]:
     cmap = plt.get_cmap("tab10")
     for row, prefix in enumerate(prefixes):
         ax_l, ax_r = axes[row]
-        plotted = []
+        plotted, ratios = [], []
         for i, (name, per_seed) in enumerate(data.items()):
             for suffix, style, label in (("lambda_max", "-", "λ_max"), ("precond_lambda_max", "--", "precond. λ_max")):
                 series = _seed_mean(per_seed, f"{prefix}/{suffix}")
@@ -218,6 +218,7 @@ def plot_sharpness(roots: dict[str, list[Path]], out: Path) -> list[str]:
             series = _seed_mean(per_seed, f"{prefix}/threshold_ratio")
             if series:
                 ax_r.plot(series[0], series[1], "-", color=cmap(i % 10), label=name, marker="o", markersize=2)
+                ratios += [float(v) for v in series[1]]
         sizes = [abs(v) for v in plotted if v != 0]  # eigenvalues span decades; a negative one needs symlog
         if sizes and all(v > 0 for v in plotted):
             ax_l.set_yscale("log")
@@ -225,6 +226,8 @@ def plot_sharpness(roots: dict[str, list[Path]], out: Path) -> list[str]:
             ax_l.set_yscale("symlog", linthresh=min(sizes))
         ax_l.set_title(f"{prefix}: top Hessian eigenvalue (mean over seeds)", fontsize=9)
         ax_r.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+        if ratios and all(v > 0 for v in ratios):  # far below or far above 1 early in training: decades
+            ax_r.set_yscale("log")
         ax_r.set_title(f"{prefix}: λ_max / stability threshold (1 = edge of stability)", fontsize=9)
         for ax in (ax_l, ax_r):
             ax.set_xlabel("optimizer step", fontsize=8)
