@@ -133,7 +133,8 @@ def optimizer_kind(optimizer: torch.optim.Optimizer, group: dict) -> str:
     return type(optimizer).__name__
 
 
-def preconditioner(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> tuple[Optional[Preconditioner], str]:
+def preconditioner(optimizer: torch.optim.Optimizer,
+                   params: Sequence[torch.Tensor]) -> tuple[Optional[Preconditioner], str]:
     """The preconditioner of ``optimizer`` over ``params``, or None and the reason.
 
     Adam/AdamW: ``P = diag(√v̂ + ε)``, ``v̂ = v / (1 − β₂ᵗ)`` (``max_exp_avg_sq`` with amsgrad), the

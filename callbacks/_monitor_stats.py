@@ -137,7 +137,8 @@ def _merged(w: torch.Tensor, axis: int, gamma: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def snapshot_columns(gamma: torch.Tensor, consumers: list[Consumer]) -> tuple[torch.Tensor, list[tuple[torch.Tensor, int]]]:
+def snapshot_columns(gamma: torch.Tensor,
+                     consumers: list[Consumer]) -> tuple[torch.Tensor, list[tuple[torch.Tensor, int]]]:
     """What ``column_steps`` needs of the step before: γ and a copy of each consumer weight (shards stay
     shards) with its axis."""
     return gamma.detach().clone(), [(c.weight.detach().clone(), c.axis) for c in consumers]

@@ -45,7 +45,8 @@ def build(preset: str, moe: bool, index: int = 0, experts: tuple[int, int, int] 
                                ["model"]["strategy"])
     moe_cfg = None
     if moe:  # the preset's index varies per-expert scales, shared experts and bias balancing
-        moe_cfg = MoEConfig(num_experts=experts[0], top_k=experts[1], expert_intermediate_size=experts[2], aux_loss_coef=0.01,
+        moe_cfg = MoEConfig(num_experts=experts[0], top_k=experts[1], expert_intermediate_size=experts[2],
+                            aux_loss_coef=0.01,
                             z_loss_coef=0.001, bias_balancing=bool(index % 2), num_shared_experts=index // 2 % 2,
                             scales="expert" if index % 3 == 0 and not strat.branch_specific else "shared")
     cfg = dict(vocab_size=VOCAB, seq_len=8, n_layer=1, n_embd=16, n_head=2, n_kv_head=1, intermediate_size=16,

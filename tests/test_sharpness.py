@@ -250,3 +250,18 @@ def test_fsdp_is_refused_at_setup_with_the_fix():
                                         r"Hessian-vector products need .*; measure sharpness on a single device or "
                                         r"with DDP"):
         SharpnessMonitor().setup(SimpleNamespace(strategy=ModelParallelStrategy()), None, "fit")
+
+
+def test_checkpointed_and_compiled_blocks_give_the_same_eigenvalues():
+    """Activation checkpointing recomputes inside the twice-differentiated graph; compiled blocks run eager
+    during a measurement (a compiled graph has no second derivative): both the very same numbers."""
+    import copy
+
+    from scalevec_lit.lit.parallel import ParallelOptions, parallelize
+
+    model, idx = micro("unified", True)
+    ref = SharpnessMonitor(iterations=40, tol=1e-10).measure(model, idx, None)["sharpness/lambda_max"]
+    for options, compile in ((ParallelOptions(activation_checkpointing=True), False), (ParallelOptions(), True)):
+        other = copy.deepcopy(model)
+        parallelize(other, None, options, compile=compile)
+        assert SharpnessMonitor(iterations=40, tol=1e-10).measure(other, idx, None)["sharpness/lambda_max"] == ref
