@@ -62,11 +62,12 @@ class Eigen:
 
 def lanczos(op: Operator, n: int, k: int, iterations: int, tol: float, seed: int, like: torch.Tensor) -> Eigen:
     """The ``k`` largest (algebraic) eigenvalues of the symmetric operator ``op`` on vectors of ``n``
-    entries, by Lanczos with full reorthogonalization from a start vector drawn with ``seed`` (on the CPU,
-    so the same on every device), at most ``iterations`` products. Memory: ``iterations`` vectors."""
+    entries, by Lanczos with full reorthogonalization (modified Gram-Schmidt, twice) from a start vector
+    drawn with ``seed`` on the CPU (the same on every device), at most ``iterations`` products. Memory:
+    ``iterations`` vectors like ``like`` (its dtype and device); inner products in that dtype."""
     gen = torch.Generator().manual_seed(int(seed))
-    q = torch.randn(n, generator=gen, dtype=torch.float64).to(device=like.device, dtype=like.dtype)
-    q = q / q.double().norm().to(q.dtype)
+    q = torch.randn(n, generator=gen, dtype=torch.float32).to(device=like.device, dtype=like.dtype)
+    q = q / q.norm()
     basis: list[torch.Tensor] = []
     alphas: list[float] = []
     betas: list[float] = []
@@ -74,12 +75,11 @@ def lanczos(op: Operator, n: int, k: int, iterations: int, tol: float, seed: int
     for j in range(min(iterations, n)):
         basis.append(q)
         w = op(q)
-        alpha = float(torch.dot(w.double(), q.double()))
-        alphas.append(alpha)
-        Q = torch.stack(basis)
-        for _ in range(2):  # full reorthogonalization, twice ("twice is enough")
-            w = w - (Q.double().T @ (Q.double() @ w.double())).to(w.dtype)
-        beta = float(w.double().norm())
+        alphas.append(float(torch.dot(w, q)))
+        for _ in range(2):  # "twice is enough": orthogonal to every basis vector to working precision
+            for b in basis:
+                w.sub_(torch.dot(w, b) * b)
+        beta = float(w.norm())
         T = torch.diag(torch.tensor(alphas, dtype=torch.float64))
         if betas:
             off = torch.tensor(betas, dtype=torch.float64)
