@@ -2,8 +2,9 @@
 the YAML recipes beside it) through every command, as a user would run them.
 
 Extensions (``EXTENSIONS``): the shipped one-norm parallel block chosen from YAML, a sandwich-norm block with ``OutputNorm`` sites and the same block written with
-``nn.RMSNorm``; a block overriding ``build_mlp`` (an MLP of its own composing a ``NormSite``) and one overriding
-``build_attention`` (an attention of its own: no scale site, no cache); a ``CausalLM`` subclass overriding
+``nn.RMSNorm``; a block overriding ``build_mlp`` (an MLP of its own composing a ``NormSite``) and two overriding
+``build_attention`` (an attention of its own: no scale site, no cache; a ``CausalSelfAttention`` subclass that
+bypasses the cache); a ``CausalLM`` subclass overriding
 ``build_model`` without new parameters (``SoftCapLM``; the one with a parameter is ``tests/test_extensions.py``);
 two new parameterizations (``SoftplusScale`` with an inverse, ``TanhScale`` without one). Each is fitted once
 (2 steps, in-process, shared by every test of this file); then: the count printed and the norm report, the
@@ -32,6 +33,7 @@ EXTENSIONS = {
     "plain_norm": ("plain_norm_block.yaml", "block", "extensions.blocks.PlainNormSandwichBlock"),
     "gelu_mlp": ("gelu_mlp_block.yaml", "block", "extensions.blocks.GeluMLPBlock"),
     "own_attention": ("own_attention_block.yaml", "block", "extensions.blocks.PlainAttentionBlock"),
+    "cache_blind": ("cache_blind_block.yaml", "block", "extensions.blocks.CacheBlindBlock"),
     "softcap": ("softcap.yaml", "model", "extensions.models.SoftCapTransformer"),
     "softplus": ("softplus_scale.yaml", "vector", "extensions.scales.SoftplusScale"),
     "tanh": ("tanh_scale.yaml", "vector", "extensions.scales.TanhScale"),
@@ -246,9 +248,12 @@ def test_generate_command_continues_the_prompt_as_the_trained_model(run, capfd):
     ids = torch.tensor([tok.encode("ROMEO:", eos=False)])
     text = tok.decode(generate(run["model"], ids, 6, use_cache=False)[0].tolist())
     assert f"ROMEO:{text}\n" in out
-    if run["name"] == "own_attention":
-        assert ("note: block 0 (extensions.blocks.PlainAttentionBlock) has no CausalSelfAttention, the module that "
-                "reads the key/value cache: generating without the key/value cache") in out
+    notes = {"own_attention": "block 0 (extensions.blocks.PlainAttentionBlock) has no CausalSelfAttention, the "
+                              "module that reads the key/value cache",
+             "cache_blind": "attention layer 0 (extensions.blocks.CacheBlindAttention) did not read the key/value "
+                            "cache (2 of 2 layers did not)"}
+    if run["name"] in notes:
+        assert f"note: {notes[run['name']]}: generating without the key/value cache" in out
         assert "key/value cache off" in out
     else:
         assert "key/value cache on" in out
@@ -267,9 +272,10 @@ def test_python_generate_uses_the_cache_only_where_it_gives_the_same_logits(run)
 
     reference = sample(use_cache=False)
     assert torch.equal(sample(), reference)
-    if run["name"] == "own_attention":
-        with pytest.raises(ValueError, match=r"block 0 \(extensions\.blocks\.PlainAttentionBlock\) has no "
-                                             r"CausalSelfAttention"):
+    refused = {"own_attention": r"block 0 \(extensions\.blocks\.PlainAttentionBlock\) has no CausalSelfAttention",
+               "cache_blind": r"attention layer 0 \(extensions\.blocks\.CacheBlindAttention\) did not read"}
+    if run["name"] in refused:
+        with pytest.raises(ValueError, match=refused[run["name"]]):
             sample(use_cache=True)
         return
     idx = tokens(model, 10)
