@@ -99,6 +99,10 @@ def lanczos(op: Operator, n: int, k: int, iterations: int, tol: float, seed: int
 
 
 # -- the optimizer's preconditioner and threshold ---------------------------------------------------------
+#: reasons for no preconditioned value that are expected at the start of training (not warned about)
+NOT_YET = ("Adam has no second-moment estimate before its first step", "the learning rate is 0")
+
+
 @dataclass
 class Preconditioner:
     """``d``: the diagonal of ``P^{-1/2}`` (flat, the subset's order) with each group's learning rate relative
@@ -156,7 +160,7 @@ def preconditioner(optimizer: torch.optim.Optimizer,
                       "knows (Adam/AdamW or SGD), so only the raw sharpness is logged")
     lr = max(_lr(g) for g in chosen)
     if not lr > 0:
-        return None, "the learning rate is 0"
+        return None, NOT_YET[1]
     ref = max(chosen, key=_lr)
     kind = kinds.pop()
     if kind == "sgd":
@@ -171,7 +175,7 @@ def preconditioner(optimizer: torch.optim.Optimizer,
         state = optimizer.state.get(p, {})
         v = state.get("max_exp_avg_sq" if g.get("amsgrad") else "exp_avg_sq")
         if v is None or "step" not in state:
-            return None, "Adam has no second-moment estimate before its first step"
+            return None, NOT_YET[0]
         step = float(state["step"])
         beta2 = float(g["betas"][1])
         denom = (v.detach() / (1 - beta2 ** step)).sqrt() + float(g["eps"])

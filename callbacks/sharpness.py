@@ -49,7 +49,7 @@ from scalevec_lit.errors import UserError
 from scalevec_lit.scale.registry import scale_parameters
 from scalevec_lit.scale.sites import INPUT, OUTPUT
 
-from ._hessian import hessian_operator, lanczos, preconditioner, scaled
+from ._hessian import NOT_YET, hessian_operator, lanczos, preconditioner, scaled
 
 __all__ = ["SharpnessMonitor"]
 
@@ -226,6 +226,8 @@ class SharpnessMonitor(Callback):
     def _preconditioned(self, op, params, optimizer, lam, prefix, subset, out, trainer) -> None:
         pre, reason = preconditioner(optimizer, params)
         if pre is None:
+            if reason in NOT_YET:  # step 0, a warmup from 0: the next measurement has it
+                return
             self._say_once(f"pre:{subset}:{reason[:20]}", f"params {subset!r}: no preconditioned sharpness: {reason}",
                            trainer)
             return

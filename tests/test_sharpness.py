@@ -153,6 +153,7 @@ def test_callback_from_yaml_logs_at_its_steps_and_resume_keeps_its_schedule(prep
              "--trainer.val_check_interval=1000", "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=1"]
     code, out = main_in_process(capfd, smoke_args(prepared_data, tmp_path, 4, "--config", _config(tmp_path, 4), *small))
     assert code == 0, out[-3000:]
+    assert "SharpnessMonitor:" not in out  # no moment at step 0 is expected, not warned about
     logs = scalars(tmp_path / "smoke" / "version_0")
     for tag in ("sharpness/lambda_max", "sharpness/lambda_2", "sharpness/loss", "sharpness/scales_input/lambda_max"):
         assert sorted(s for s, _ in logs[tag]) == [0, 2, 4], tag
