@@ -1,109 +1,34 @@
 """The extension suite: user-style extensions (``tests/extensions/``, a package outside the library, chosen by
 the YAML recipes beside it) through every command, as a user would run them.
 
-Extensions (``EXTENSIONS``): the shipped one-norm parallel block chosen from YAML, a sandwich-norm block with ``OutputNorm`` sites and the same block written with
-``nn.RMSNorm``; a block overriding ``build_mlp`` (an MLP of its own composing a ``NormSite``) and two overriding
-``build_attention`` (an attention of its own: no scale site, no cache; a ``CausalSelfAttention`` subclass that
-bypasses the cache); a ``CausalLM`` subclass overriding
-``build_model`` without new parameters (``SoftCapLM``; the one with a parameter is ``tests/test_extensions.py``);
+Extensions (``EXTENSIONS``): the shipped one-norm parallel block chosen from YAML; a sandwich-norm block with
+``OutputNorm`` sites and the same block written with ``nn.RMSNorm``; a block overriding ``build_mlp`` (an MLP of
+its own composing a ``NormSite``) and two overriding ``build_attention`` (an attention of its own: no scale site,
+no cache; a ``CausalSelfAttention`` subclass that bypasses the cache); a ``CausalLM`` subclass overriding
+``build_model`` without new parameters (``SoftCapLM``; the one with a parameter is in ``tests/test_extensions.py``);
 two new parameterizations (``SoftplusScale`` with an inverse, ``TanhScale`` without one). Each is fitted once
 (2 steps, in-process, shared by every test of this file); then: the count printed and the norm report, the
-monitor's tags, the decay groups, ``export`` (exact, or refused by name), ``convert`` to the same strategy,
-resume, the ``generate`` command and the Python ``generate()``. One fit runs as ``python -m scalevec_lit`` in a
-process of its own, with the user package on ``PYTHONPATH`` only.
+monitor's tags, the decay groups, ``export`` (exact, or refused by name), ``convert`` to the same strategy (a
+copy), resume, the ``generate`` command and the Python ``generate()``. One fit runs as ``python -m scalevec_lit``
+in a process of its own, with the user package on ``PYTHONPATH`` only. Conversion to another strategy and the
+single cases are in ``tests/test_extension_cases.py`` (the shared runs: ``tests/extension_runs.py``);
+``docs/subclassing.md`` names a test beside each statement.
 """
 from __future__ import annotations
-
-import contextlib
-import io
-import logging
-from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import ROOT, main_in_process, run_cli, scalars, smoke_args
+from extension_runs import (BASELINE, EXT, EXTENSIONS, SAME_STRATEGY, assert_same_function, fit_args, fitted, recipe,
+                            tokens)
+from helpers import ROOT, main_in_process, run_cli, scalars
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-EXT = ROOT / "tests" / "extensions"
-#: name -> (recipe, what it is: block / model / vector, the class it names)
-EXTENSIONS = {
-    "sandwich": ("sandwich_block.yaml", "block", "extensions.blocks.SandwichBlock"),
-    "plain_norm": ("plain_norm_block.yaml", "block", "extensions.blocks.PlainNormSandwichBlock"),
-    "gelu_mlp": ("gelu_mlp_block.yaml", "block", "extensions.blocks.GeluMLPBlock"),
-    "own_attention": ("own_attention_block.yaml", "block", "extensions.blocks.PlainAttentionBlock"),
-    "cache_blind": ("cache_blind_block.yaml", "block", "extensions.blocks.CacheBlindBlock"),
-    "softcap": ("softcap.yaml", "model", "extensions.models.SoftCapTransformer"),
-    "softplus": ("softplus_scale.yaml", "vector", "extensions.scales.SoftplusScale"),
-    "tanh": ("tanh_scale.yaml", "vector", "extensions.scales.TanhScale"),
-    # the shipped one-norm parallel block, chosen from YAML as a user block is
-    "one_norm_parallel": (str(ROOT / "recipes" / "examples" / "parallel_one_norm.yaml"), "block",
-                          "scalevec_lit.model.parallel.OneNormParallelBlock"),
-}
-SMALL = ["--model.config.n_layer=2", "--model.config.seq_len=32", "--data.batch_size=4",
-         "--trainer.num_sanity_val_steps=0", "--trainer.limit_val_batches=1"]
-#: the strategy file whose conversion is a copy (the recipe's own strategy)
-SAME_STRATEGY = {"softplus": EXT / "softplus_scale.yaml", "tanh": EXT / "tanh_scale.yaml"}
-BASELINE = ROOT / "recipes" / "strategy" / "baseline.yaml"
-
-
-def fit_args(data: Path, root: Path, steps: int, *extra: str) -> list[str]:
-    return smoke_args(data, root, steps, *SMALL, *extra)
-
-
-def recipe(name: str) -> str:
-    return str(EXT / EXTENSIONS[name][0])
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-_RUNS: dict[str, dict] = {}
-
-
-def _fit(name: str, data: Path, tmp_path_factory) -> dict:
-    """One 2-step fit per extension (in-process, once per session): the module, its .ckpt, what it printed."""
-    if name not in _RUNS:
-        from scalevec_lit.cli import main
-
-        root = tmp_path_factory.mktemp(name)
-        lines, err = _Lines(), io.StringIO()
-        logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-        logger.addHandler(lines)
-        try:
-            with contextlib.redirect_stderr(err):
-                cli = main(fit_args(data, root, 2, "--config", recipe(name)))
-        finally:
-            logger.removeHandler(lines)
-        _RUNS[name] = {"name": name, "kind": EXTENSIONS[name][1], "root": root, "cli": cli,
-                       "model": cli.model.model.eval(), "ckpt": root / "checkpoints" / "last.ckpt",
-                       "lines": lines.lines, "stderr": err.getvalue(), "data": data}
-    return _RUNS[name]
 
 
 @pytest.fixture(params=list(EXTENSIONS))
 def run(request, prepared_data, tmp_path_factory):
-    return _fit(request.param, prepared_data, tmp_path_factory)
-
-
-def tokens(model, n: int = 12) -> torch.Tensor:
-    return torch.randint(0, model.config.vocab_size, (2, n), generator=torch.Generator().manual_seed(5))
-
-
-@torch.no_grad()
-def assert_same_function(loaded, trained) -> None:
-    """Same class, same parameters, bitwise the same logits (the same computation on the same weights)."""
-    assert type(loaded) is type(trained)
-    assert {k: v.shape for k, v in loaded.state_dict().items()} == {k: v.shape for k, v in trained.state_dict().items()}
-    idx = tokens(trained)
-    assert torch.equal(loaded.eval()(idx), trained(idx))
+    return fitted(request.param, prepared_data, tmp_path_factory)
 
 
 # -- fit ----------------------------------------------------------------------------------------------------
@@ -293,154 +218,3 @@ def test_fit_from_the_command_line_with_the_package_on_pythonpath(prepared_data,
     assert res.returncode == 0, res.stderr[-2000:]
     spec = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert spec["scalevec"]["spec"]["block"]["class_path"] == "extensions.blocks.SandwichBlock"
-
-
-# -- convert to another strategy: exact, or refused by name ---------------------------------------------------
-STRATEGY = ROOT / "recipes" / "strategy"
-CONVERSIONS = [  # (extension, target strategy, None: exact, else words of the refusal)
-    ("softcap", EXT / "softplus_scale.yaml", None),  # γ written through SoftplusScale.set_gamma_
-    ("softplus", BASELINE, None),  # a user γ read by the stock PlainScale's inverse
-    ("sandwich", STRATEGY / "hg.yaml", None),  # a user block (its OutputNorm γ too) into another strategy
-    ("one_norm_parallel", STRATEGY / "hg.yaml", None),  # its one γ into one γ per branch (q, k, v, gate, up)
-    ("softcap", EXT / "tanh_scale.yaml", "extensions.scales.TanhScale has no inverse"),
-    ("sandwich", STRATEGY / "unified.yaml", "--allow-function-change"),
-]
-
-
-@pytest.mark.parametrize("name, strategy, refusal", CONVERSIONS, ids=[f"{n}-{s.stem}" for n, s, _ in CONVERSIONS])
-def test_convert_to_another_strategy_is_exact_or_refused_by_name(name, strategy, refusal, prepared_data,
-                                                                 tmp_path_factory, tmp_path, capfd):
-    from scalevec_lit.export import load_model
-
-    run = _fit(name, prepared_data, tmp_path_factory)
-    out = tmp_path / "conv"
-    code, printed = main_in_process(capfd, ["convert", "--ckpt", run["ckpt"], "--strategy", strategy, "--out", out])
-    if refusal is not None:
-        assert code == 2 and printed.startswith(f"error: --strategy: {strategy}: ") and refusal in printed, printed
-        assert not out.exists()
-        return
-    assert code == 0, printed
-    converted, _ = load_model(out)
-    assert type(converted) is type(run["model"]) and type(converted.blocks[0]) is type(run["model"].blocks[0])
-    trained = load_model(run["ckpt"])[0]  # the trained model (tests above: the same function as in memory)
-    idx = tokens(converted)
-    with torch.no_grad():
-        a, b = trained.double()(idx), converted.double()(idx)
-    # float64 logits of the float32 weights as trained and as converted: apart only by float32 rounding
-    torch.testing.assert_close(b, a, rtol=0, atol=16 * torch.finfo(torch.float32).eps * a.abs().max().item())
-
-
-# -- a block that is not a Block subclass, without .mlp: from Python only -------------------------------------
-def test_a_recipe_block_must_be_a_block_subclass(prepared_data, tmp_path, capfd):
-    args = fit_args(prepared_data, tmp_path, 1, "--model.block.class_path=extensions.blocks.AttentionOnlyBlock")
-    code, out = main_in_process(capfd, args)
-    assert code == 2
-    assert out.startswith('error: Parser key "model.block"') and \
-        "Expected 'extensions.blocks.AttentionOnlyBlock' to be a subclass of <class 'Block'>" in out
-    assert not (tmp_path / "checkpoints").exists()
-
-
-def test_a_python_block_without_mlp_exports_natively_decodes_and_is_refused_by_hf_export_by_name(tmp_path, capfd):
-    from extensions.blocks import AttentionOnlyBlock
-
-    from helpers import tiny_config
-    from scalevec_lit.export import export, load_model
-    from scalevec_lit.export.write import save_native
-    from scalevec_lit.generate import generate
-    from scalevec_lit.model import Transformer
-
-    model = Transformer(tiny_config(), block=AttentionOnlyBlock).eval()
-    tokenizer = ROOT / "scalevec_lit" / "data" / "corpus" / "tokenizer.json"
-    save_native(model, tmp_path / "native", tokenizer=tokenizer)
-    loaded = load_model(tmp_path / "native")[0]
-    assert_same_function(loaded, model)
-    assert not hasattr(loaded.blocks[0], "mlp")
-    prompt = tokens(model, 5)
-    assert torch.equal(generate(loaded, prompt, 6), generate(model, prompt, 6, use_cache=False))  # with the cache
-    code, out = main_in_process(capfd, ["export", "--ckpt", tmp_path / "native", "--out", tmp_path / "hf"])
-    assert code == 2 and "internal" not in out
-    assert ("model.block: AttentionOnlyBlock is not the Pre-Norm Block (no Hugging Face architecture adapter reads "
-            "it; one that does is registered with scalevec_lit.export.arch.register); use Block, or export the native "
-            "format (--format native") in out
-    assert not (tmp_path / "hf").exists()
-
-
-# -- the key/value cache: a user attention that would ignore it is refused, never silently wrong ------------------
-@torch.no_grad()
-def test_an_attention_that_ignores_the_cache_is_refused():
-    from extensions.blocks import CacheBlindBlock
-
-    from helpers import tiny_config
-    from scalevec_lit.generate import generate
-    from scalevec_lit.model import Transformer
-    from scalevec_lit.model.cache import CacheNotRead, cache_problem
-
-    model = Transformer(tiny_config(), block=CacheBlindBlock).eval()
-    prompt = tokens(model, 5)
-    named = (r"^attention layer 0 \(extensions\.blocks\.CacheBlindAttention\) did not read the key/value cache "
-             r"\(2 of 2 layers did not\)")
-    cache = model.new_cache()
-    with pytest.raises(CacheNotRead, match=named + r": its forward does not take the cache path, so the logits would "
-                                                   r"ignore the earlier positions; use generate\(\.\.\., use_cache=False\)$"):
-        model.forward_cached(prompt, cache)
-    assert cache.length == 0  # refused after the call: nothing advanced
-    assert cache_problem(model) == ("attention layer 0 (extensions.blocks.CacheBlindAttention) did not read the "
-                                    "key/value cache (2 of 2 layers did not)")
-    assert torch.equal(generate(model, prompt, 6), generate(model, prompt, 6, use_cache=False))  # without the cache
-    with pytest.raises(CacheNotRead, match=named):
-        generate(model, prompt, 6, use_cache=True)
-
-
-# -- the ScaleVector inverse of a user class, and the page that documents all this --------------------------------
-@torch.no_grad()
-def test_scale_vector_inverse_contract():
-    from extensions.scales import SoftplusScale, TanhScale
-
-    from scalevec_lit.scale.vector import NoInverse
-
-    vec = SoftplusScale(6)
-    target = torch.tensor([0.25, 0.5, 1.0, 1.5, 3.0, 40.0])
-    assert SoftplusScale.invertible() and vec.set_gamma_(target)
-    torch.testing.assert_close(vec(), target, rtol=4 * torch.finfo(torch.float32).eps, atol=0)
-    before = vec.scale.clone()
-    assert vec.set_gamma_(torch.tensor([1.0, 1.0, -1.0, 1.0, 1.0, 1.0])) is False  # no w gives γ ≤ 0
-    assert torch.equal(vec.scale, before)
-    assert not TanhScale.invertible()
-    with pytest.raises(NoInverse, match=r"^extensions\.scales\.TanhScale has no inverse \(ScaleVector\.set_gamma_\)"):
-        TanhScale(6).set_gamma_(torch.ones(6))
-
-
-def test_every_test_the_subclassing_page_names_exists():
-    import re
-
-    page = (ROOT / "docs" / "subclassing.md").read_text()
-    named = set(re.findall(r"`(test_\w+)`", page))
-    defined = set()
-    for path in (ROOT / "tests" / "test_extension_suite.py", ROOT / "tests" / "test_extensions.py"):
-        defined |= set(re.findall(r"^def (test_\w+)", path.read_text(), flags=re.M))
-    assert named and named <= defined, sorted(named - defined)
-    assert defined <= named | {"test_every_test_the_subclassing_page_names_exists"}, sorted(defined - named)
-
-
-def test_weights_that_no_longer_fit_the_user_class_are_refused_naming_it(prepared_data, tmp_path_factory, tmp_path,
-                                                                          capfd):
-    import json
-
-    from scalevec_lit.export import export
-
-    run = _fit("gelu_mlp", prepared_data, tmp_path_factory)
-    export(run["ckpt"], tmp_path / "native", format="native")
-    spec_file = tmp_path / "native" / "scalevec_spec.json"
-    spec = json.loads(spec_file.read_text())
-    spec["block"]["class_path"] = "extensions.blocks.SandwichBlock"  # as if GeluMLPBlock had been rewritten
-    spec_file.write_text(json.dumps(spec))
-    capfd.readouterr()
-    code, out = main_in_process(capfd, ["generate", "--ckpt", tmp_path / "native", "--prompt", "ROMEO:"])
-    assert code == 2, out
-    assert out.startswith("error: --ckpt: the weights do not fit the model its spec names "
-                          "(scalevec_lit.model.transformer.Transformer with the block extensions.blocks.SandwichBlock; "
-                          "missing: ['blocks.0.mlp.input.proj.gate.weight'")
-    assert ("other shapes: ['blocks.0.mlp.down.weight (128, 512) in the checkpoint, (128, 384) now', "
-            "'blocks.1.mlp.down.weight (128, 512) in the checkpoint, (128, 384) now']") in out
-    assert out.rstrip().endswith("that class now builds other parameters than when the checkpoint was written; "
-                                 "restore the class (or its package version) that wrote it")
