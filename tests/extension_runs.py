@@ -16,6 +16,8 @@ from helpers import ROOT, smoke_args
 EXT = ROOT / "tests" / "extensions"
 #: name -> (recipe, what it is: block / model / vector, the class it names)
 EXTENSIONS = {
+    "temperature": ("temperature.yaml", "model", "extensions.models.TemperatureTransformer"),
+    "residual": ("residual_block.yaml", "block", "extensions.blocks.ResidualScaleBlock"),
     "sandwich": ("sandwich_block.yaml", "block", "extensions.blocks.SandwichBlock"),
     "plain_norm": ("plain_norm_block.yaml", "block", "extensions.blocks.PlainNormSandwichBlock"),
     "gelu_mlp": ("gelu_mlp_block.yaml", "block", "extensions.blocks.GeluMLPBlock"),

@@ -5,9 +5,10 @@ Extensions (``EXTENSIONS``): the shipped one-norm parallel block chosen from YAM
 ``OutputNorm`` sites and the same block written with ``nn.RMSNorm``; a block overriding ``build_mlp`` (an MLP of
 its own composing a ``NormSite``) and two overriding ``build_attention`` (an attention of its own: no scale site,
 no cache; a ``CausalSelfAttention`` subclass that bypasses the cache); a ``CausalLM`` subclass overriding
-``build_model`` without new parameters (``SoftCapLM``; the one with a parameter is in ``tests/test_extensions.py``);
-two new parameterizations (``SoftplusScale`` with an inverse, ``TanhScale`` without one). Each is fitted once
-(2 steps, in-process, shared by every test of this file); then: the count printed and the norm report, the
+``build_model`` without new parameters (``SoftCapLM``) and one with a parameter (``TemperatureLM``); a block with
+``init_args`` (``ResidualScaleBlock``); two new parameterizations (``SoftplusScale`` with an inverse,
+``TanhScale`` without one). Each is fitted once per session (2 steps, in-process, shared with the other
+extension test files); then: the count printed and the norm report, the
 monitor's tags, the decay groups, ``export`` (exact, or refused by name), ``convert`` to the same strategy (a
 copy), resume, the ``generate`` command and the Python ``generate()``. One fit runs as ``python -m scalevec_lit``
 in a process of its own, with the user package on ``PYTHONPATH`` only. Conversion to another strategy and the
@@ -57,8 +58,11 @@ def test_checkpoint_records_the_user_class(run):
     where = {"block": spec["block"]["class_path"], "model": spec["model"]["class_path"],
              "vector": spec["strategy"]["vector"]["class_path"]}
     assert where[run["kind"]] == EXTENSIONS[run["name"]][2]
-    if run["name"] == "softcap":
-        assert spec["model"]["init_args"] == {"cap": 5.0}
+    init_args = {"softcap": ("model", {"cap": 5.0}), "temperature": ("model", {"temperature_init": 2.0}),
+                 "residual": ("block", {"residual_scale": 0.5})}
+    if run["name"] in init_args:
+        entry, args = init_args[run["name"]]
+        assert spec[entry]["init_args"] == args
 
 
 # -- monitor tags and decay groups ----------------------------------------------------------------------------
@@ -155,7 +159,7 @@ def test_convert_to_the_same_strategy_is_a_copy(run, tmp_path):
 def test_resume_with_the_recipe(run):
     from scalevec_lit.cli import main
 
-    cli = main(fit_args(run["data"], run["root"] / "resumed", 3, "--config", recipe(run["name"]),
+    cli = main(fit_args(run["data"], run["root"] / "resumed_by_suite", 3, "--config", recipe(run["name"]),
                         "--ckpt_path", str(run["ckpt"])))
     assert cli.trainer.global_step == 3 and type(cli.model.model) is type(run["model"])
     assert type(cli.model.model.blocks[0]) is type(run["model"].blocks[0])

@@ -12,15 +12,14 @@ command that must not see the package.
 from __future__ import annotations
 
 import json
-import logging
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import ROOT, main_in_process, run_cli, smoke_args
+from extension_runs import fit_args, fitted
+from helpers import ROOT, main_in_process, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -29,43 +28,12 @@ RECIPES = {"temperature": EXT / "temperature.yaml", "residual": EXT / "residual_
 MODEL_CLASS = {"temperature": "extensions.models.TemperatureTransformer",
                "residual": "scalevec_lit.model.transformer.Transformer"}
 BLOCK_CLASS = {"temperature": "scalevec_lit.model.block.Block", "residual": "extensions.blocks.ResidualScaleBlock"}
-SMALL = ["--model.config.n_layer=2", "--model.config.seq_len=32", "--data.batch_size=4",
-         "--trainer.num_sanity_val_steps=0", "--trainer.limit_val_batches=1"]
-
-
-def fit_args(data: Path, root: Path, steps: int, *extra: str) -> list[str]:
-    return smoke_args(data, root, steps, *SMALL, *extra)
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-_RUNS: dict[str, dict] = {}
 
 
 def _trained(name: str, prepared_data: Path, tmp_path_factory) -> dict:
-    """One 2-step fit per extension (in-process, once): the trained model in memory, its .ckpt, the printed lines."""
-    if name not in _RUNS:
-        from scalevec_lit.cli import main
-
-        root = tmp_path_factory.mktemp(name)
-        lines = _Lines()
-        logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-        logger.addHandler(lines)
-        try:
-            cli = main(fit_args(prepared_data, root, 2, "--config", str(RECIPES[name])))
-        finally:
-            logger.removeHandler(lines)
-        model = cli.model.model.eval()
-        _RUNS[name] = {"name": name, "root": root, "model": model, "ckpt": root / "checkpoints" / "last.ckpt",
-                       "lines": lines.lines, "data": prepared_data}
-    return _RUNS[name]
+    """The 2-step fit of an extension, shared with the extension suite (``tests/extension_runs.py``, once per
+    session): the trained model in memory, its .ckpt, the printed lines."""
+    return fitted(name, prepared_data, tmp_path_factory)
 
 
 @pytest.fixture(params=sorted(RECIPES))
