@@ -52,12 +52,17 @@ def test_convert_to_another_strategy_is_exact_or_refused_by_name(name, strategy,
 
 # -- a block that is not a Block subclass, without .mlp: from Python only -------------------------------------
 def test_a_recipe_block_must_be_a_block_subclass(prepared_data, tmp_path, capfd):
-    args = fit_args(prepared_data, tmp_path, 1, "--model.block.class_path=extensions.blocks.AttentionOnlyBlock")
-    code, out = main_in_process(capfd, args)
-    assert code == 2
-    assert out.startswith('error: Parser key "model.block"') and \
-        "Expected 'extensions.blocks.AttentionOnlyBlock' to be a subclass of <class 'Block'>" in out
-    assert not (tmp_path / "checkpoints").exists()
+    refused = ("error: model.block: extensions.blocks.AttentionOnlyBlock: is not a subclass of "
+               "scalevec_lit.model.block.Block: a recipe's block must be one (from Python, Transformer(config, "
+               "block=...) takes any callable (config, layer, strategy)); subclass scalevec_lit.model.Block (override "
+               "forward, build_attention or build_mlp)\n")
+    recipe = tmp_path / "block.yaml"
+    recipe.write_text("model:\n  block:\n    class_path: extensions.blocks.AttentionOnlyBlock\n")
+    for given in (["--model.block.class_path=extensions.blocks.AttentionOnlyBlock"],
+                  ["--model.block", "extensions.blocks.AttentionOnlyBlock"], ["--config", str(recipe)]):
+        code, out = main_in_process(capfd, fit_args(prepared_data, tmp_path / "run", 1, *given))
+        assert (code, out) == (2, refused)
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_python_block_without_mlp_exports_natively_decodes_and_is_refused_by_hf_export_by_name(tmp_path, capfd):

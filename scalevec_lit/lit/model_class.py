@@ -8,6 +8,9 @@ jsonargparse does) is imported here and given to LightningCLI as the model class
 accepts (and saves in ``config.yaml``) ``model.class_path``. Its own constructor arguments sit beside
 ``class_path`` (``model: {class_path: mypkg.MyLM, config: ...}``), as for the stock class.
 
+``model.block`` is looked at here too: a class that is not a ``Block`` subclass is refused by name
+(``check_block``) before the parser's longer message about the ``Callable`` type.
+
 Must not import Lightning at module level (``cli.py`` imports it first anyway).
 """
 from __future__ import annotations
@@ -58,11 +61,68 @@ def chosen_class_path(argv: list[str]) -> Optional[str]:
     return found
 
 
+BLOCK_KEYS = ("--model.block", "--model.block.class_path")
+
+
+def _block_of(value: object) -> Optional[str]:
+    """The class path of a ``model.block`` value: ``pkg.Cls`` or ``{class_path: pkg.Cls, init_args: ...}``."""
+    if isinstance(value, dict):
+        value = value.get("class_path")
+    return value if isinstance(value, str) and value else None
+
+
+def chosen_block(argv: list[str]) -> Optional[str]:
+    """The last ``model.block`` class path in ``--config`` files (or inline YAML) and ``--model.block[.class_path]``."""
+    import yaml
+
+    found: Optional[str] = None
+    i = 0
+    while i < len(argv):
+        name, eq, value = argv[i].partition("=")
+        if name in ("--config", *BLOCK_KEYS) and not eq and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 1
+        if name in BLOCK_KEYS:
+            try:
+                found = _block_of(yaml.safe_load(value)) or found
+            except yaml.YAMLError:
+                pass
+        elif name == "--config":
+            p = Path(value)
+            try:
+                data = yaml.safe_load(p.read_text() if p.is_file() else value)
+            except yaml.YAMLError:
+                data = None  # the parser reports a broken file itself
+            model = data.get("model") if isinstance(data, dict) else None
+            found = (_block_of(model.get("block")) if isinstance(model, dict) else None) or found
+        i += 1
+    return found
+
+
+def check_block(argv: list[str]) -> None:
+    """Refuse a recipe's ``model.block`` that names a class that is not a ``Block`` subclass, before anything is
+    parsed or built (a class that cannot be imported is left to the parser, which names it)."""
+    from ..model.block import Block
+    from ..model.spec import UnimportableClassError, class_path, import_class
+
+    path = chosen_block(argv)
+    if path is None:
+        return
+    try:
+        cls = import_class(path)
+    except UnimportableClassError:
+        return
+    if isinstance(cls, type) and not issubclass(cls, Block):
+        raise UserError("model.block", path, f"is not a subclass of {class_path(Block)}: a recipe's block must be one "
+                        "(from Python, Transformer(config, block=...) takes any callable (config, layer, strategy))",
+                        "subclass scalevec_lit.model.Block (override forward, build_attention or build_mlp)")
+
+
 def model_class(argv: list[str]) -> tuple[type, Optional[str]]:
     """``(the LightningModule class to parse and build, its class_path or None for CausalLM)``."""
     from ..model.spec import UnimportableClassError, class_path, import_class
     from .module import CausalLM
 
+    check_block(argv)
     path = chosen_class_path(argv)
     if path is None:
         return CausalLM, None
