@@ -105,8 +105,9 @@ def test_an_attention_that_ignores_the_cache_is_refused():
     named = (r"^attention layer 0 \(extensions\.blocks\.CacheBlindAttention\) did not read the key/value cache "
              r"\(2 of 2 layers did not\)")
     cache = model.new_cache()
-    with pytest.raises(CacheNotRead, match=named + r": its forward does not take the cache path, so the logits would "
-                                                   r"ignore the earlier positions; use generate\(\.\.\., use_cache=False\)$"):
+    rest = r": its forward does not take the cache path, so the logits would ignore the earlier positions; use " \
+           r"generate\(\.\.\., use_cache=False\)$"
+    with pytest.raises(CacheNotRead, match=named + rest):
         model.forward_cached(prompt, cache)
     assert cache.length == 0  # refused after the call: nothing advanced
     assert cache_problem(model) == ("attention layer 0 (extensions.blocks.CacheBlindAttention) did not read the "
@@ -160,12 +161,17 @@ def test_weights_that_no_longer_fit_the_user_class_are_refused_naming_it(prepare
     spec["block"]["class_path"] = "extensions.blocks.SandwichBlock"  # as if GeluMLPBlock had been rewritten
     spec_file.write_text(json.dumps(spec))
     capfd.readouterr()
-    code, out = main_in_process(capfd, ["generate", "--ckpt", tmp_path / "native", "--prompt", "ROMEO:"])
-    assert code == 2, out
-    assert out.startswith("error: --ckpt: the weights do not fit the model its spec names "
-                          "(scalevec_lit.model.transformer.Transformer with the block extensions.blocks.SandwichBlock; "
-                          "missing: ['blocks.0.mlp.input.proj.gate.weight'")
-    assert ("other shapes: ['blocks.0.mlp.down.weight (128, 512) in the checkpoint, (128, 384) now', "
-            "'blocks.1.mlp.down.weight (128, 512) in the checkpoint, (128, 384) now']") in out
-    assert out.rstrip().endswith("that class now builds other parameters than when the checkpoint was written; "
-                                 "restore the class (or its package version) that wrote it")
+    src = tmp_path / "native"
+    for command in (["generate", "--ckpt", src, "--prompt", "ROMEO:"],
+                    ["export", "--ckpt", src, "--out", tmp_path / "hf"],
+                    ["convert", "--ckpt", src, "--strategy", BASELINE, "--out", tmp_path / "conv"]):
+        code, out = main_in_process(capfd, command)
+        assert code == 2, out
+        assert out.startswith("error: --ckpt: the weights do not fit the model its spec names "
+                              "(scalevec_lit.model.transformer.Transformer with the block "
+                              "extensions.blocks.SandwichBlock; missing: ['blocks.0.mlp.input.proj.gate.weight'")
+        assert ("other shapes: ['blocks.0.mlp.down.weight (128, 512) in the checkpoint, (128, 384) now', "
+                "'blocks.1.mlp.down.weight (128, 512) in the checkpoint, (128, 384) now']") in out
+        assert out.rstrip().endswith("that class now builds other parameters than when the checkpoint was written; "
+                                     "restore the class (or its package version) that wrote it")
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "conv").exists()
