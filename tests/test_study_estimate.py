@@ -34,13 +34,13 @@ def test_run_flops_on_hand_values(monkeypatch):
     assert f["monitor"] == 0.0 and f["total"] == f["train"] + f["val"] and f["tokens"] == 800_000
     # a fractional limit_val_batches (a share of the split) is not countable: validation left out, not guessed
     assert run_flops(_plan(limit_val_batches=None), study)["val"] == 0.0
-    # the sharpness monitor: (steps / N + 1) calls × iterations × subsets × its tokens × 2 (an HVP ~ two
-    # gradient passes); its batch is the first val batch (micro-batch tokens) or batch_size rows of seq_len
+    # the sharpness monitor: (steps / N + 1) calls × iterations × subsets × 2 problems × its tokens × 3
+    # (an HVP ~ three forward-backward passes); its batch is the first val batch (micro-batch tokens) or batch_size rows of seq_len
     study.callbacks = {"scalevec_lit.callbacks.SharpnessMonitor": {"every_n_steps": 20, "iterations": 10,
                                                                    "params": ["all", "scales:input"]}}
-    assert run_flops(_plan(), study)["monitor"] == 6 * 10 * 2 * 1000 * 2.0 * 1.0e9
-    study.callbacks["scalevec_lit.callbacks.SharpnessMonitor"].update(batch_size=4, params="all")
-    assert run_flops(_plan(), study)["monitor"] == 6 * 10 * 1 * 400 * 2.0 * 1.0e9
+    assert run_flops(_plan(), study)["monitor"] == 6 * 10 * 2 * 2 * 1000 * 3.0 * 1.0e9
+    study.callbacks["scalevec_lit.callbacks.SharpnessMonitor"].update(batch_size=4, params="all", precondition=False)
+    assert run_flops(_plan(), study)["monitor"] == 6 * 10 * 1 * 1 * 400 * 3.0 * 1.0e9
     # no global batch in the recipe: micro-batch tokens × data-parallel ranks
     assert run_flops(_plan(tokens_per_step=None), study)["train"] == 100 * 2000 * 1.0e9
 

@@ -108,3 +108,21 @@ def test_shipped_power_studies_have_the_seeds_they_preregister(name, seeds):
     for v in study.variants:
         for c in [*study.base, *v.configs]:
             assert (root / c).is_file(), c
+
+
+@pytest.mark.parametrize("name", ["iwd_sharpness_cpu", "iwd_sharpness_0.12b"])
+def test_shipped_sharpness_studies_measure_what_they_preregister(name):
+    """Study D: the three decay presets on the QK-norm model, SharpnessMonitor on the subsets whose tags the
+    secondary endpoints read, enough seeds for the pre-registered MDE at the stated pilot std."""
+    from callbacks.sharpness import SUBSETS, SharpnessMonitor, subset_prefix  # noqa: F401 (the real class)
+
+    root = Path(__file__).resolve().parents[1]
+    study = load_study(root / "recipes" / "ablation" / f"{name}.yaml")
+    assert {v.decay for v in study.variants} == {"iwd", "decay_all", "decay_none"}
+    assert all(any("qk_norm" in c for c in v.configs) for v in study.variants)
+    args = study.callbacks["scalevec_lit.callbacks.SharpnessMonitor"]
+    SharpnessMonitor(**args)  # the arguments are the callback's own
+    tags = {f"{subset_prefix(s)}/{k}" for s in args["params"] for k in ("lambda_max", "precond_lambda_max")}
+    assert {s["tag"] for s in study.secondary} <= tags and study.power["endpoint"] in tags
+    assert all(s["log"] and s["expect"] == {"qk_decay_none": "higher"} for s in study.secondary)
+    assert power_line(study).endswith(": enough.") and study.preregistration

@@ -8,8 +8,9 @@ For the study's reference variant (its ``baseline``) the plan of one run is read
     train FLOP  = steps × tokens per step × FLOPs per token
     val FLOP    = evaluations × limit_val_batches × micro-batch tokens × data-parallel ranks × FLOPs per token / 3
     monitor FLOP = for a ``SharpnessMonitor`` in the study's callbacks: (steps / every_n_steps + 1) calls ×
-                  iterations × parameter subsets × its batch tokens × 2 × FLOPs per token (a Hessian-vector
-                  product costs about two gradient steps; at most ``iterations`` Lanczos steps per subset)
+                  iterations × parameter subsets × 2 (the raw and the preconditioned problem; 1 with
+                  ``precondition: false``) × its batch tokens × 3 × FLOPs per token (a Hessian-vector product
+                  costs about three forward-backward passes; at most ``iterations`` Lanczos steps a problem)
     run time    = (train + val + monitor FLOP) / (D × peak × MFU) + start-up (compile, data, checkpoints)
     study time  = runs × run time (runs go one after another; each uses every device of the recipe)
 
@@ -39,7 +40,8 @@ PEAK_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312.0e12}
 DEFAULT_MFU = 0.35
 #: Per run: process start, model build, per-block compile, data loader start, final checkpoint.
 STARTUP_S = 180.0
-HVP_COST = 2.0  # a Hessian-vector product in units of one forward + backward of the same tokens
+HVP_COST = 3.0  # a Hessian-vector product in units of one forward + backward of the same tokens (measured
+# on the smoke model: 1.0 s against 0.35 s, docs/monitoring.md)
 SHARPNESS = "scalevec_lit.callbacks.SharpnessMonitor"
 
 
@@ -67,7 +69,8 @@ def _sharpness_cost(study: Study) -> Optional[dict]:
     args = dict(args or {})
     params = args.get("params", ["all"])
     return {"every": int(args.get("every_n_steps", 100)), "iters": int(args.get("iterations", 20)),
-            "subsets": 1 if isinstance(params, str) else len(params), "rows": args.get("batch_size")}
+            "subsets": 1 if isinstance(params, str) else len(params), "rows": args.get("batch_size"),
+            "problems": 2 if args.get("precondition", True) else 1}  # raw λ and the preconditioned one
 
 
 def run_flops(plan: dict, study: Study) -> dict:
@@ -84,7 +87,8 @@ def run_flops(plan: dict, study: Study) -> dict:
     sharp = _sharpness_cost(study)
     if sharp and sharp["every"] > 0:  # at step 0 and every N steps; one Lanczos run per parameter subset
         tokens = sharp["rows"] * plan["seq_len"] if sharp["rows"] else plan["micro_tokens"]
-        monitor = (steps // sharp["every"] + 1) * sharp["iters"] * sharp["subsets"] * tokens * HVP_COST * fpt
+        monitor = ((steps // sharp["every"] + 1) * sharp["iters"] * sharp["subsets"] * sharp["problems"] * tokens
+                   * HVP_COST * fpt)
     return {"train": train, "val": val, "monitor": monitor, "total": train + val + monitor,
             "tokens": steps * per_step}
 
