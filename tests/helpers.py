@@ -175,3 +175,59 @@ def fit(world, *extra) -> list:
 
 
 # -- the command line and the recipe (exit 2) ---------------------------------------------------------
+
+
+# -- second derivatives: tiny float64 models and their objective as a function of one vector -------------
+def hessian_model(preset: str, moe: bool, index: int = 0, experts: tuple[int, int, int] = (4, 2, 8),
+                  **shape):
+    """A tiny float64 model of ``preset`` (``recipes/strategy/``) in eval mode with its scales moved off 1, for
+    second-derivative tests (test_double_backward.py, test_sharpness.py); ``experts``: (number, top-k,
+    intermediate size) of a MoE variant, which ``index`` varies (per-expert scales, shared experts, bias
+    balancing)."""
+    import torch
+    import yaml
+
+    from scalevec_lit.model import Transformer
+    from scalevec_lit.model.config import MoEConfig
+    from scalevec_lit.model.spec import strategy_from_dict
+    from scalevec_lit.scale import scale_parameters
+
+    strat = strategy_from_dict(yaml.safe_load((ROOT / "recipes" / "strategy" / f"{preset}.yaml").read_text())
+                               ["model"]["strategy"])
+    moe_cfg = None
+    if moe:  # the preset's index varies per-expert scales, shared experts and bias balancing
+        moe_cfg = MoEConfig(num_experts=experts[0], top_k=experts[1], expert_intermediate_size=experts[2],
+                            aux_loss_coef=0.01, z_loss_coef=0.001, bias_balancing=bool(index % 2),
+                            num_shared_experts=index // 2 % 2,
+                            scales="expert" if index % 3 == 0 and not strat.branch_specific else "shared")
+    cfg = dict(vocab_size=32, seq_len=8, n_layer=1, n_embd=16, n_head=2, n_kv_head=1, intermediate_size=16,
+               moe=moe_cfg)
+    cfg.update(shape)
+    model = Transformer(tiny_config(**cfg), strat).double().eval()  # eval: no balancing update between passes
+    with torch.no_grad():  # scales away from 1 (γ = 1 hides a scale applied twice or not at all)
+        for sp in scale_parameters(model):
+            sp.param.add_(0.3 * torch.randn_like(sp.param))
+    return model
+
+
+def flat_objective(model, idx):
+    """The training objective (cross-entropy plus MoE losses) of ``model`` on ``idx`` as a function of one flat
+    parameter vector (the trainable parameters in order), and that vector."""
+    import torch
+    import torch.nn.functional as F
+
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    shapes = [p.shape for _, p in model.named_parameters() if p.requires_grad]
+    theta = torch.cat([p.detach().flatten() for _, p in model.named_parameters() if p.requires_grad])
+
+    def f(flat: torch.Tensor) -> torch.Tensor:
+        parts, start = {}, 0
+        for n, s in zip(names, shapes):
+            parts[n] = flat[start:start + s.numel()].view(s)
+            start += s.numel()
+        logits = torch.func.functional_call(model, parts, (idx[:, :-1],))
+        loss = F.cross_entropy(logits.flatten(0, 1), idx[:, 1:].flatten())
+        aux = model.aux_losses()
+        return loss + sum(aux.values()) if aux else loss
+
+    return f, theta

@@ -440,7 +440,7 @@ def test_callbacks_load_from_a_plain_checkout_without_a_table(tmp_path):
     assert res.returncode == 0, res.stderr
     path, names, module, refused = res.stdout.splitlines()
     assert path == str(ROOT / "callbacks" / "__init__.py")
-    assert names.split() == ["MoELoadMonitor", "RoleWeightDecay", "SafeCheckpointIO", "SafeModelCheckpoint",
-                             "ScaleSnapshot", "ScaleVectorMonitor"]
+    assert names.split() == ["DownstreamEval", "MoELoadMonitor", "RoleWeightDecay", "SafeCheckpointIO",
+                             "SafeModelCheckpoint", "ScaleSnapshot", "ScaleVectorMonitor", "SharpnessMonitor"]
     assert module == "scalevec_lit.callbacks.role_decay"
     assert refused == "refused: module 'scalevec_lit.callbacks' has no attribute 'NoSuchCallback'"

@@ -24,39 +24,16 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 
-from helpers import ROOT, tiny_config
+from helpers import ROOT, flat_objective, hessian_model
 from scalevec_lit.model import Transformer
-from scalevec_lit.model.config import MoEConfig
-from scalevec_lit.model.spec import strategy_from_dict
-from scalevec_lit.scale import group_norm_rope, scale_parameters
+from scalevec_lit.scale import group_norm_rope
 from scalevec_lit.scale.ops import higher_order
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PRESETS = sorted(p.stem for p in (ROOT / "recipes" / "strategy").glob("*.yaml"))
-VOCAB = 32
-
-
-def build(preset: str, moe: bool, index: int = 0, experts: tuple[int, int, int] = (4, 2, 8), **shape) -> Transformer:
-    """A tiny float64 model of ``preset``; ``experts``: (number, top-k, intermediate size) for MoE."""
-    strat = strategy_from_dict(yaml.safe_load((ROOT / "recipes" / "strategy" / f"{preset}.yaml").read_text())
-                               ["model"]["strategy"])
-    moe_cfg = None
-    if moe:  # the preset's index varies per-expert scales, shared experts and bias balancing
-        moe_cfg = MoEConfig(num_experts=experts[0], top_k=experts[1], expert_intermediate_size=experts[2],
-                            aux_loss_coef=0.01,
-                            z_loss_coef=0.001, bias_balancing=bool(index % 2), num_shared_experts=index // 2 % 2,
-                            scales="expert" if index % 3 == 0 and not strat.branch_specific else "shared")
-    cfg = dict(vocab_size=VOCAB, seq_len=8, n_layer=1, n_embd=16, n_head=2, n_kv_head=1, intermediate_size=16,
-               moe=moe_cfg)
-    cfg.update(shape)
-    model = Transformer(tiny_config(**cfg), strat).double().eval()  # eval: no balancing update between passes
-    with torch.no_grad():  # scales away from 1 (γ = 1 hides a scale applied twice or not at all)
-        for sp in scale_parameters(model):
-            sp.param.add_(0.3 * torch.randn_like(sp.param))
-    return model
+VOCAB = 32  # hessian_model's vocabulary
 
 
 def objective(model: Transformer, idx: torch.Tensor) -> torch.Tensor:
@@ -95,7 +72,7 @@ CASES = [(p, moe) for p in PRESETS for moe in (False, True)]
 
 @pytest.mark.parametrize("preset, moe", CASES, ids=[f"{p}-{'moe' if m else 'dense'}" for p, m in CASES])
 def test_hvp_matches_finite_differences(preset, moe):
-    model = build(preset, moe, PRESETS.index(preset))
+    model = hessian_model(preset, moe, PRESETS.index(preset))
     params = [p for p in model.parameters() if p.requires_grad]
     idx = torch.randint(0, VOCAB, (2, 9))
     v = [torch.randn_like(p) for p in params]
@@ -111,30 +88,11 @@ def test_hvp_matches_finite_differences(preset, moe):
     assert rel(exact, richardson) < (1e-5 if moe else 1e-8)
 
 
-def flat_loss(model: Transformer, idx: torch.Tensor):
-    """The objective as a function of one flat float64 parameter vector, and that vector."""
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    shapes = [p.shape for _, p in model.named_parameters() if p.requires_grad]
-    theta = torch.cat([p.detach().flatten() for _, p in model.named_parameters() if p.requires_grad])
-
-    def f(flat: torch.Tensor) -> torch.Tensor:
-        parts, start = {}, 0
-        for n, s in zip(names, shapes):
-            parts[n] = flat[start:start + s.numel()].view(s)
-            start += s.numel()
-        logits = torch.func.functional_call(model, parts, (idx[:, :-1],))
-        loss = F.cross_entropy(logits.flatten(0, 1), idx[:, 1:].flatten())
-        aux = model.aux_losses()
-        return loss + sum(aux.values()) if aux else loss
-
-    return f, theta
-
-
 @pytest.mark.parametrize("preset, moe", [("unified", False), ("dnp", True)], ids=["unified-dense", "dnp-moe"])
 def test_hvp_matches_dense_hessian(preset, moe):
-    model = build(preset, moe, 1, experts=(2, 1, 4), vocab_size=8, n_embd=8, intermediate_size=8)
+    model = hessian_model(preset, moe, 1, experts=(2, 1, 4), vocab_size=8, n_embd=8, intermediate_size=8)
     idx = torch.randint(0, 8, (2, 5))
-    f, theta = flat_loss(model, idx)
+    f, theta = flat_objective(model, idx)
     assert theta.numel() < 800  # small enough for a dense Hessian
     with higher_order():
         H = torch.autograd.functional.hessian(f, theta, vectorize=True)

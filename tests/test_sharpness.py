@@ -14,23 +14,22 @@ import dataclasses
 import pytest
 import torch
 
-from helpers import main_in_process, scalars, smoke_args
+from helpers import flat_objective, hessian_model, main_in_process, scalars, smoke_args
 from scalevec_lit.callbacks import SharpnessMonitor
 from scalevec_lit.lit.optim import MuonAdamW, build_param_groups
 from scalevec_lit.scale import scale_parameters
 from scalevec_lit.scale.ops import higher_order
-from test_double_backward import build, flat_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def micro(preset: str = "unified", moe: bool = False):
-    model = build(preset, moe, 1, experts=(2, 1, 4), vocab_size=8, n_embd=8, intermediate_size=8)
+    model = hessian_model(preset, moe, 1, experts=(2, 1, 4), vocab_size=8, n_embd=8, intermediate_size=8)
     return model, torch.randint(0, 8, (2, 5))
 
 
 def dense_hessian(model, idx) -> torch.Tensor:
-    f, theta = flat_loss(model, idx)
+    f, theta = flat_objective(model, idx)
     with higher_order():
         return torch.autograd.functional.hessian(f, theta, vectorize=True)
 
