@@ -24,8 +24,9 @@ def _config(*configs: str, root=None, name="smoke", version=None, ckpt_path=None
 @pytest.fixture()
 def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    for key in ("WORLD_SIZE", "SLURM_NTASKS", "LOCAL_RANK", runfolder.ENV):
+    for key in ("WORLD_SIZE", "SLURM_NTASKS", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv(runfolder.ENV, "")  # a run sets it for the processes it starts: undone after the test
     return tmp_path
 
 
@@ -164,6 +165,7 @@ def test_the_quick_start_runs_in_the_order_shown(tmp_path, monkeypatch, capfd, p
     monkeypatch.chdir(tmp_path)
     for key in ("WORLD_SIZE", "SLURM_NTASKS", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv(runfolder.ENV, "")
     commands = quickstart_commands()
     assert commands[:2] == [["make", "fit"], ["make", "test"]]
     readme = (ROOT / "README.md").read_text()
