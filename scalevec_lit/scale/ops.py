@@ -27,17 +27,8 @@ compile was measured (benchmarks/compiled.py, 2026-12-04: inductor, dense and Mo
 within the noise, and ``group_norm_rope``'s made compiled unified save 2 MiB more (1.08× baseline instead
 of 1.06×; ``scaled_linear``'s changed nothing).
 
-Second derivatives (Hessian-vector products: ``torch.autograd.grad(..., create_graph=True)`` and a second
-grad through it). ``scaled_linear``'s backward is written with differentiable torch ops on saved *inputs*
-only, so it is twice differentiable as it is. ``group_norm_rope``'s backward reads its saved output and a
-reciprocal RMS computed in the forward (not a function of the input as autograd sees it), so it is not:
-inside ``higher_order()`` it is the plain torch composition (``_group_norm_rope_plain``: same function,
-autograd's own, twice differentiable; more passes and more saved memory, which an HVP does not mind), and
-its backward refuses a graph request (``create_graph=True``) made outside that context instead of
-returning a wrong second derivative. ``higher_order()`` also restricts ``scaled_dot_product_attention`` to
-the math kernel (torch's fused CPU/GPU kernels have no double backward) and tells the MoE expert matmul
-(``model/experts.py``) it is on. The first-order training path is unchanged (one flag read per call).
-``tests/test_double_backward.py`` checks HVPs of every preset against finite differences and the dense Hessian.
+Second derivatives: ``group_norm_rope`` is twice differentiable inside ``higher_order()`` (its plain
+composition) and refuses ``create_graph=True`` outside it; ``scaled_linear`` always is (``higher_order.py``).
 
 Also the rotate-half RoPE (``apply_rope``) that both this module and the model use.
 
@@ -45,34 +36,13 @@ Plain torch only: must not import Lightning or ``scalevec_lit.model``.
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator, NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-_HIGHER_ORDER = [False]  # set by higher_order(); a list so that every importer sees the one value
-
-
-def higher_order_enabled() -> bool:
-    """True inside ``higher_order()``."""
-    return _HIGHER_ORDER[0]
-
-
-@contextlib.contextmanager
-def higher_order() -> Iterator[None]:
-    """Forward passes whose graph will be differentiated twice (Hessian-vector products): the fused
-    functions become their plain torch composition and attention uses the math kernel. Eager only (a
-    compiled graph cannot be differentiated twice)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    previous = _HIGHER_ORDER[0]
-    _HIGHER_ORDER[0] = True
-    try:
-        with sdpa_kernel([SDPBackend.MATH]):
-            yield
-    finally:
-        _HIGHER_ORDER[0] = previous
+from .higher_order import ON as _HIGHER_ORDER
+from .higher_order import higher_order, higher_order_enabled  # noqa: F401  (re-exported: ops.higher_order)
 
 
 def rms_norm(x: torch.Tensor, eps: float, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
