@@ -1,9 +1,11 @@
 """``python -m scalevec_lit convert --ckpt A --strategy recipes/strategy/Y.yaml --out B``: rewrite a checkpoint
 into another scale strategy, exactly where the math allows (``scale/convert.py``), and write it natively.
 
-Lives here: reading a strategy file (``read_strategy``), ``convert_model`` (build the target model, transfer,
-refuse a function change unless allowed, measure how far the logits moved on a sample batch),
-``write_native`` (the native folder + ``model.yaml``, the recipe fragment ``fit`` needs with
+Lives here: reading a strategy file (``read_strategy``), ``convert_model`` (the same strategy: a bitwise copy;
+another: build the target model, transfer in float64, compare both models' logits on a probe batch in float64,
+refuse a change above ``tolerance`` (float64 rounding for the model's size, stated in the message) or any
+structural change unless ``--allow-function-change``, refuse by name a target parameterization without an
+inverse), ``write_native`` (the native folder + ``model.yaml``, the recipe fragment ``fit`` needs with
 ``--model.init_from``), ``convert_checkpoint`` and ``main``. ``import`` (``hf_import.py``) uses the same.
 
 Plain torch (+ yaml): must not import Lightning or transformers.
