@@ -105,17 +105,21 @@ def kept_random_state():
 def run_tasks(lm, tasks: Sequence[str], manager, *, limit: Optional[float] = None, num_fewshot: Optional[int] = None,
               seed: int = 1234, log_samples: bool = False, batch_size: Optional[int] = None,
               device: Optional[str] = None, bootstrap_iters: int = 100000) -> Optional[dict[str, Any]]:
-    """lm-eval's ``simple_evaluate`` on ``lm``: its results dict on rank 0 (``None`` on the other ranks)."""
+    """lm-eval's ``simple_evaluate`` on ``lm``: its results dict on rank 0 (``None`` on the other ranks).
+
+    With several processes every rank calls it (the same arguments): lm-eval runs as one process on each, and
+    ``ScaleVecLM`` shares the forwards out among the ranks (``lm.py``)."""
     import logging
 
     from lm_eval import simple_evaluate
 
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
-    return simple_evaluate(
+    results = simple_evaluate(
         model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit, task_manager=manager,
         log_samples=log_samples, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
         fewshot_random_seed=seed, batch_size=batch_size, device=device, bootstrap_iters=bootstrap_iters,
     )
+    return results if getattr(lm, "process_rank", 0) == 0 else None
 
 
 def metrics(results: dict[str, Any]) -> dict[str, float]:

@@ -10,11 +10,17 @@
   the end-of-text token or ``max_gen_toks``; the context keeps its last ``seq_len - max_gen_toks`` tokens.
   Requests whose contexts have the same length decode together (the model has no padding mask).
 
-Several processes (``rank``/``world_size``, a ``torch.distributed`` group): lm-eval gives each rank its share
-of the documents and gathers the metrics through ``all_gather``/``gather_object``. A model sharded with FSDP2
-runs its forward collectively, so every rank runs as many forwards as the busiest one: before each forward
-the ranks agree (one all-reduce) whether any still has work, and a rank with none runs a one-token forward.
-A sharded model decodes without the cache (the cache path skips the root module's all-gather).
+Several processes (``rank``/``world_size``, the default ``torch.distributed`` group): lm-eval sees one process
+on every rank (``self.rank == 0``, ``self.world_size == 1``), so every rank builds every request of every task
+and calls the same methods with the same lists; each method cuts its work into units (a forward batch of
+log-likelihoods, a batch of greedy decodes), in the order one process would run them, runs units ``r, r + W,
+...`` on rank ``r`` and gathers the results (``all_gather_object``) on every rank. A rank with few or no units
+(``limit`` below the number of ranks) calls the same collectives as the others, so nothing waits forever; the
+metrics equal one process's (the same batches). The ranks first agree on the count of units (one all-reduce;
+ranks that disagree stop together with an error). A model sharded with FSDP2 runs its forward collectively:
+before each forward the ranks agree (one all-reduce) whether any still has work, and a rank with none runs a
+one-token forward until none has (``generate_until`` too: decodes stop after different numbers of tokens). A
+sharded model decodes without the cache (the cache path skips the root module's all-gather).
 
 Imports lm-eval (the ``eval`` extra): import it through ``scalevec_lit.evaluate``, which says how to install it.
 """
@@ -37,7 +43,9 @@ class ScaleVecLM(TemplateLM):
     """``model`` (a ``Transformer``, or an FSDP2-sharded one) with ``tokenizer`` (``data.tokenizer.Tokenizer``).
 
     ``forward_context``: a context manager factory around every forward (e.g. Lightning's autocast);
-    ``use_cache``: decode with the key/value cache (default: when the model supports it and is not sharded).
+    ``use_cache``: decode with the key/value cache (default: when the model supports it and is not sharded);
+    ``rank``/``world_size``: this process in the default ``torch.distributed`` group (``process_rank``,
+    ``process_count``); lm-eval is shown one process (see the module's docstring).
     """
 
     def __init__(self, model, tokenizer, batch_size: int = 8, device: Optional[torch.device | str] = None,
@@ -51,9 +59,16 @@ class ScaleVecLM(TemplateLM):
         self.batch_size = int(batch_size)
         self._device = torch.device(device) if device is not None else next(model.parameters()).device
         self._max_gen_toks = int(max_gen_toks)
-        self._rank, self._world_size = int(rank), int(world_size)
+        if not 0 <= int(rank) < int(world_size):
+            raise ValueError(f"rank {rank}, world_size {world_size}: the rank must be in [0, world_size)")
+        self.process_rank, self.process_count = int(rank), int(world_size)
+        self._rank, self._world_size = 0, 1  # what lm-eval sees: every rank runs every request list
         self.forward_context = forward_context or contextlib.nullcontext
-        self.use_cache = self._cache_usable() if use_cache is None else bool(use_cache)
+        self.sharded = self._is_sharded()
+        self.use_cache = (not self.sharded and self._cache_usable()) if use_cache is None else bool(use_cache)
+        if self.use_cache and self.sharded:
+            raise ValueError("use_cache: True: a sharded (FSDP2) model decodes without the key/value cache (its "
+                             "cached path skips the all-gather of the root's weights); leave use_cache unset")
 
     # -- what lm-eval asks of a model -------------------------------------------------------------------
     @property
@@ -83,36 +98,30 @@ class ScaleVecLM(TemplateLM):
                 "model_dtype": str(next(self.model.parameters()).dtype), "model_name": self.name}
 
     # -- several processes ------------------------------------------------------------------------------
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.world_size == 1:
-            return tensor
+    def _share(self, units: list, run: Callable[[object], object], what: str) -> list:
+        """``[run(u) for u in units]``, unit ``i`` run on rank ``i % process_count``, gathered on every rank.
+
+        Every rank calls it with the same ``units`` (lm-eval gave every rank every request); a rank whose share
+        is done (or empty) keeps a sharded model's forwards in step until every rank is done."""
+        if self.process_count == 1:
+            return [run(u) for u in units]
         import torch.distributed as dist
 
-        tensor = tensor.to(self.device)
-        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(parts, tensor)
-        return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
-
-    def gather_object(self, obj, dst: int = 0):
-        if self.world_size == 1:
-            return [obj]
-        import torch.distributed as dist
-
-        out = [None] * self.world_size
-        dist.all_gather_object(out, obj)
-        return out if self.rank == dst else None
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            import torch.distributed as dist
-
-            self._keep_step()
-            dist.barrier()
+        counts = torch.tensor([len(units), -len(units)], device=self.device)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+        if int(counts[0]) != -int(counts[1]):  # every rank sees the same counts: all stop here together
+            raise RuntimeError(f"the {self.process_count} ranks were given different {what} work: from "
+                               f"{-int(counts[1])} to {int(counts[0])} units (lm-eval must build the same "
+                               "requests on every rank: the same tasks, limit and seeds)")
+        mine = {i: run(units[i]) for i in range(self.process_rank, len(units), self.process_count)}
+        self._keep_step()
+        parts: list = [None] * self.process_count
+        dist.all_gather_object(parts, mine)
+        merged = {i: r for part in parts for i, r in part.items()}
+        return [merged[i] for i in range(len(units))]
 
     def _any_rank(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any rank (every rank calls it the same number of times)."""
-        if self.world_size == 1:
-            return flag
         import torch.distributed as dist
 
         t = torch.tensor([1 if flag else 0], device=self.device)
@@ -120,19 +129,26 @@ class ScaleVecLM(TemplateLM):
         return bool(t.item())
 
     def _keep_step(self) -> None:
-        """A rank with no work left runs one-token forwards while any other rank still runs its own."""
-        while self._any_rank(False):
-            self._run(torch.full((1, 1), self.eot_token_id, dtype=torch.long, device=self.device))
+        """A sharded model: a rank with no work left runs one-token forwards while any other still runs its own."""
+        if self.sharded and self.process_count > 1:
+            while self._any_rank(False):
+                self._run(torch.full((1, 1), self.eot_token_id, dtype=torch.long, device=self.device))
 
     # -- the model --------------------------------------------------------------------------------------
+    def _is_sharded(self) -> bool:
+        """Whether the forward is collective: FSDP2 (``fully_shard``) anywhere in the model, or DTensor weights."""
+        try:
+            from torch.distributed.fsdp import FSDPModule
+            from torch.distributed.tensor import DTensor
+        except ImportError:  # pragma: no cover - torch without FSDP2
+            return False
+        return any(isinstance(m, FSDPModule) for m in self.model.modules()) or \
+            any(isinstance(p, DTensor) for p in self.model.parameters())
+
     def _cache_usable(self) -> bool:
         from ..model.cache import cache_unsupported
 
-        try:
-            from torch.distributed.fsdp import FSDPModule
-        except ImportError:  # pragma: no cover - torch without FSDP2
-            FSDPModule = ()
-        return not isinstance(self.model, FSDPModule) and cache_unsupported(self.model) is None
+        return cache_unsupported(self.model) is None
 
     @torch.no_grad()
     def _run(self, idx: torch.Tensor, cache=None) -> torch.Tensor:
@@ -141,8 +157,9 @@ class ScaleVecLM(TemplateLM):
         return logits if logits.dtype == torch.float64 else logits.float()
 
     def _forward(self, idx: torch.Tensor, cache=None) -> torch.Tensor:
-        """Logits of ``idx`` (the only place real work runs: with several ranks, agreed on first)."""
-        self._any_rank(True)
+        """Logits of ``idx`` (the only place real work runs: a sharded model's ranks agree on it first)."""
+        if self.sharded and self.process_count > 1:
+            self._any_rank(True)
         return self._run(idx, cache)
 
     # -- log-likelihoods --------------------------------------------------------------------------------
@@ -160,21 +177,29 @@ class ScaleVecLM(TemplateLM):
             whole = (list(context) + list(continuation))[-(L + 1):]  # truncated from the left, as lm-eval's HF model
             rows.append((whole[:-1], list(continuation)))
         order = sorted(range(len(rows)), key=lambda i: (-len(rows[i][0]), i))
+        batches = [order[start:start + self.batch_size] for start in range(0, len(order), self.batch_size)]
         out: list[Optional[tuple[float, bool]]] = [None] * len(rows)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start:start + self.batch_size]
-            width = len(rows[chunk[0]][0])
-            idx = torch.full((len(chunk), width), self.eot_token_id, dtype=torch.long)
-            for r, i in enumerate(chunk):
-                idx[r, :len(rows[i][0])] = torch.tensor(rows[i][0])
-            logp = F.log_softmax(self._forward(idx.to(self.device)), dim=-1)
-            for r, i in enumerate(chunk):
-                inp, cont = rows[i]
-                n, k = len(inp), len(cont)
-                lp = logp[r, n - k:n]  # position j predicts token j + 1: the last k positions predict the continuation
-                target = torch.tensor(cont, device=lp.device)
-                out[i] = (float(lp.gather(-1, target[:, None]).sum()), bool((lp.argmax(-1) == target).all()))
+        for chunk, scores in zip(batches, self._share(batches, lambda chunk: self._score(rows, chunk),
+                                                      "log-likelihood")):
+            for i, score in zip(chunk, scores):
+                out[i] = score
         return out  # type: ignore[return-value]
+
+    def _score(self, rows: list[tuple[list[int], list[int]]], chunk: list[int]) -> list[tuple[float, bool]]:
+        """One forward: ``(log p, greedy)`` of the rows ``chunk`` (padded on the right to the longest)."""
+        width = len(rows[chunk[0]][0])
+        idx = torch.full((len(chunk), width), self.eot_token_id, dtype=torch.long)
+        for r, i in enumerate(chunk):
+            idx[r, :len(rows[i][0])] = torch.tensor(rows[i][0])
+        logp = F.log_softmax(self._forward(idx.to(self.device)), dim=-1)
+        scores = []
+        for r, i in enumerate(chunk):
+            inp, cont = rows[i]
+            n, k = len(inp), len(cont)
+            lp = logp[r, n - k:n]  # position j predicts token j + 1: the last k positions predict the continuation
+            target = torch.tensor(cont, device=lp.device)
+            scores.append((float(lp.gather(-1, target[:, None]).sum()), bool((lp.argmax(-1) == target).all())))
+        return scores
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         out = super().loglikelihood(requests, disable_tqdm=True)
@@ -204,8 +229,8 @@ class ScaleVecLM(TemplateLM):
         groups: dict[str, list[int]] = {}
         for i, req in enumerate(requests):
             groups.setdefault(json.dumps(req.args[1], sort_keys=True, default=str), []).append(i)
-        out: list[str] = [""] * len(requests)
-        for members in groups.values():
+        units = []  # (request indices, their contexts, stop sequences, max tokens): one batch of decodes each
+        for members in groups.values():  # every group checked before any forward: all ranks stop together
             kwargs = normalize_gen_kwargs(requests[members[0]].args[1], self.max_gen_toks)
             until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
             max_gen = int(kwargs.pop("max_gen_toks"))
@@ -223,10 +248,13 @@ class ScaleVecLM(TemplateLM):
                        and len(contexts[order[end]]) == len(contexts[order[start]])):
                     end += 1
                 batch = order[start:end]
-                for i, text in zip(batch, self._greedy([contexts[i] for i in batch], until, max_gen)):
-                    out[i] = text
-                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
+                units.append((batch, [contexts[i] for i in batch], until, max_gen))
                 start = end
+        out: list[str] = [""] * len(requests)
+        for (batch, *_), texts in zip(units, self._share(units, lambda u: self._greedy(*u[1:]), "generate_until")):
+            for i, text in zip(batch, texts):
+                out[i] = text
+                self.cache_hook.add_partial("generate_until", requests[i].args, text)
         return out
 
     def _greedy(self, contexts: list[list[int]], until: list[str], max_gen: int) -> list[str]:
