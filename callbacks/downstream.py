@@ -9,9 +9,10 @@ At every step that is a multiple of ``every_n_steps`` the model runs the tasks (
 lm-eval's convention: a count, or a fraction below 1) and each metric is logged to the trainer's loggers as
 ``downstream/<task>/<metric>`` (``acc``, ``acc_norm``, ``exact_match``, perplexities ...) at that step.
 
-- Several processes (DDP, FSDP2): every rank evaluates its share of the documents (lm-eval's split) and the
-  metrics are gathered on rank 0, then sent to every rank; a sharded model runs each forward on all ranks
-  together (``scalevec_lit/evaluate/lm.py``). Tensor parallelism is refused.
+- Several processes (DDP, FSDP2): every rank builds every request and runs its share of the forward batches
+  (round robin, whatever ``limit``: a rank with none still meets the others at every collective); the scores
+  are gathered, the metrics computed on rank 0 and sent to every rank; a sharded model runs each forward on all
+  ranks together (``scalevec_lit/evaluate/lm.py``). Tensor parallelism is refused.
 - Resumable: the steps evaluated and their metrics are in the checkpoint; a resumed run evaluates at the same
   steps (a step the checkpoint was saved at before its evaluation ran is evaluated on resume).
 - Costs nothing between its steps: one modulo per batch; lm-eval is imported and the tasks built at the
