@@ -10,7 +10,7 @@ test instead of blocking CI) evaluates the same weights as plain replicas (as un
 
 Every case finishes with the metrics of a one-process evaluation of the same weights, on rank 0 only; a sharded
 model runs as many forwards on each rank (one-token forwards on the rank with less work), plain replicas none
-on a rank with no work. The callback's own 2-process run is in ``test_downstream_eval.py``.
+on a rank with no work. Ranks given different requests stop together with one error naming the counts. The callback's own 2-process run is in ``test_downstream_eval.py``.
 """
 from __future__ import annotations
 
@@ -83,6 +83,19 @@ def evaluate_case(model, name: str, rank: int = 0, world: int = 1):
     return out, runs[0]
 
 
+def disagree(model, rank: int, world: int) -> str:
+    """Ranks given different work (3 batches on rank 0, 2 on rank 1): the error every rank raises."""
+    from scalevec_lit.data.tokenizer import DEFAULT_TOKENIZER, Tokenizer
+    from scalevec_lit.evaluate.lm import ScaleVecLM
+
+    lm = ScaleVecLM(model, Tokenizer(DEFAULT_TOKENIZER), rank=rank, world_size=world)
+    try:
+        lm._share(list(range(3 - rank)), lambda u: u, "log-likelihood")
+    except RuntimeError as err:
+        return str(err)
+    return "no error"
+
+
 # -- the 2-process script ------------------------------------------------------------------------------------
 def _rank(rank: int, world: int, port: int, weights: str, out: str) -> None:
     import torch.distributed as dist
@@ -105,6 +118,7 @@ def _rank(rank: int, world: int, port: int, weights: str, out: str) -> None:
             for name in CASES:
                 results, runs = evaluate_case(model, name, rank, world)
                 report[f"{kind}/{name}"] = {"runs": runs, "metrics": None if results is None else metrics(results)}
+        report["disagree"] = disagree(model, rank, world)
         Path(out, f"rank{rank}.json").write_text(json.dumps(report))
         dist.barrier()
     finally:
@@ -165,6 +179,10 @@ def test_every_case_finishes_with_one_process_metrics(tmp_path, monkeypatch):
                 assert r0["runs"] + r1["runs"] == alone, (key, r0["runs"], r1["runs"], alone)
             if limit == 1:  # the case under test: rank 1 has no forward of its own (rank 0 runs them all)
                 assert (r0["runs"], r1["runs"]) == (alone, alone if kind == "fsdp2" else 0), key
+    for report in reports:  # ranks given different requests stop together, with the counts named
+        assert report["disagree"] == ("the 2 ranks were given different log-likelihood work: from 2 to 3 units "
+                                      "(lm-eval must build the same requests on every rank: the same tasks, limit "
+                                      "and seeds)")
 
 
 if __name__ == "__main__":  # the 2-process script: python tests/test_evaluate_ranks.py WEIGHTS OUT
