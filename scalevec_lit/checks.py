@@ -180,7 +180,9 @@ def _check_learning_rate(cfg: Any) -> None:
 
 
 def _dedupe_callbacks(cfg: Any) -> None:
-    """Keep one callback per class (the later one's options win), except checkpoint callbacks that differ."""
+    """Keep one callback per class (the later one's options win), except checkpoint callbacks and downstream
+    evaluators that differ (several of each, configured differently, are a legitimate set: e.g. one
+    ``DownstreamEval`` every 100 steps with a small limit, one every 1000 with the whole tasks)."""
     trainer = _get(cfg, "trainer")
     callbacks = _get(trainer, "callbacks")
     if not isinstance(callbacks, list) or len(callbacks) < 2:
@@ -189,8 +191,9 @@ def _dedupe_callbacks(cfg: Any) -> None:
     for cb in callbacks:
         path = _get(cb, "class_path")
         same = [k for k in kept if path is not None and _get(k, "class_path") == path]
-        if same and "Checkpoint" in str(path) and _get(same[0], "init_args") != _get(cb, "init_args"):
-            same = []  # two differently configured checkpoint callbacks are a legitimate pair
+        if same and any(k in str(path) for k in ("Checkpoint", "DownstreamEval")) \
+                and _get(same[0], "init_args") != _get(cb, "init_args"):
+            same = []  # two differently configured checkpoint callbacks or evaluators are a legitimate pair
         for old in same:
             kept.remove(old)
             notice(f"trainer.callbacks: {path} is given twice (the recipe's and the command line's); using "

@@ -128,6 +128,30 @@ def test_short_run_of_a_recipe_with_a_duplicated_callback_and_lr_zero(world, cap
     assert text.count("is given twice") == 1
 
 
+def test_differently_configured_evaluators_are_kept_and_equal_ones_merged(capfd):
+    """Two ``DownstreamEval`` with other options are both kept (a legitimate set, like two checkpoint
+    callbacks); the same one given twice is merged with a note, as for any other callback."""
+    from jsonargparse import Namespace
+
+    from scalevec_lit.checks import _dedupe_callbacks
+
+    def cb(path, **kw):
+        return Namespace(class_path=path, init_args=Namespace(**kw))
+
+    ev = "scalevec_lit.callbacks.DownstreamEval"
+    mon = "scalevec_lit.callbacks.ScaleVectorMonitor"
+    cfg = Namespace(trainer=Namespace(callbacks=[cb(ev, tasks=["a"], every_n_steps=10), cb(mon),
+                                                 cb(ev, tasks=["a"], every_n_steps=100, prefix="full"), cb(mon)]))
+    _dedupe_callbacks(cfg)
+    kept = [(c.class_path, dict(vars(c.init_args))) for c in cfg.trainer.callbacks]
+    assert kept == [(ev, {"tasks": ["a"], "every_n_steps": 10}),
+                    (ev, {"tasks": ["a"], "every_n_steps": 100, "prefix": "full"}), (mon, {})]
+    assert capfd.readouterr().err.count("is given twice") == 1
+    cfg = Namespace(trainer=Namespace(callbacks=[cb(ev, tasks=["a"]), cb(ev, tasks=["a"])]))
+    _dedupe_callbacks(cfg)
+    assert len(cfg.trainer.callbacks) == 1 and f"{ev} is given twice" in capfd.readouterr().err
+
+
 def _damaged(trained: Path, folder: Path, how: str) -> Path:
     data = bytearray(trained.read_bytes())
     if how == "truncated":
