@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -202,7 +203,10 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
         L += [study.description.strip(), ""]
     L += ["## How it was run", ""]
     run_cmd = meta.get("command") or (f"python -m scalevec_lit study run {study.path}" if study.path else "n/a")
-    L += [f"- Command: `OMP_NUM_THREADS=1 {run_cmd}` (every run single-threaded, one run at a time), "
+    at_once = re.search(r"--parallel (\d+)", run_cmd)
+    at_once = int(at_once.group(1)) if at_once else 1
+    L += [f"- Command: `OMP_NUM_THREADS=1 {run_cmd}` (every run single-threaded, "
+          f"{'one run at a time' if at_once == 1 else f'{at_once} runs at a time'}), "
           f"at commit **`{', '.join(commits)}`**"
           f"{' (with uncommitted changes!)' if dirty else ' (clean)'}; runs started {meta.get('started', 'n/a')}, "
           f"finished between {finished[0]} and {finished[-1]}; sum of run wall times {sum(walls) / 60:.1f} min.",
