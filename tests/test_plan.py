@@ -153,13 +153,28 @@ def test_activation_count_matches_a_measured_cpu_step(preset, moe, dtype):
 
 
 def _alive_after_forward(model, idx) -> int:
-    """Bytes allocated and not freed during the forward and the loss (the CPU allocator's events)."""
+    """Bytes allocated and not freed during the forward and the loss (the CPU allocator's events). The garbage
+    collector is run before and held off during the window: a collection inside it frees tensors that earlier
+    tests left in reference cycles, which the allocator's events count as negative bytes. A full run once read
+    -231,848 bytes alive with activation checkpointing (not reproduced alone): an impossible reading is taken
+    again, up to three times, and the last one is asserted on."""
+    import gc
+
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        loss = torch.nn.functional.cross_entropy(model(idx).flatten(0, 1).float(), idx.flatten())
-    alive = sum(e.nbytes() for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    loss.backward()
+    for _ in range(3):  # a forward cannot leave negative bytes alive: such a reading is the profiler's, not ours
+        gc.collect()
+        gc.disable()
+        try:
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                loss = torch.nn.functional.cross_entropy(model(idx).flatten(0, 1).float(), idx.flatten())
+        finally:
+            gc.enable()
+        alive = sum(e.nbytes() for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        if alive > 0:
+            break
     return alive
 
 
