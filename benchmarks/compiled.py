@@ -17,8 +17,11 @@ backward in one step (``overhead.saved_bytes``: distinct storages, parameters ex
 
 Targets (issue 24): compiled baseline ≤ 1.02× compiled plain_llama; compiled unified ≤ 1.02× compiled
 baseline in time and ≤ 1.01× in saved bytes; every preset's compiled step ≤ its eager step. A time target
-is printed "met" only when the ratio's upper quartile is within it, "missed" when the lower quartile is
-past it, "unresolved" when the IQR straddles it (the noise cannot decide).
+is judged on the median per-round ratio: "met" when the upper end of its 95% confidence interval is within
+the target, "missed" when the lower end is past it, "unresolved" when the interval straddles it (the noise
+cannot decide). The interval is distribution-free (order statistics of the rounds: the ranks
+``n/2 ∓ 1.96·√n/2``), so it narrows with more rounds; the IQR is printed beside it as the spread of single
+rounds, which does not.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compiled.py --rounds 60
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compiled.py --family dense --rounds 100 --json out.json
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -89,17 +93,30 @@ def comparisons(family: str) -> list[tuple]:
     return rows
 
 
-def verdict(q: tuple[float, float, float], target: float | None) -> str:
-    """Met when the upper quartile is within the target, missed when the lower quartile is past it,
-    unresolved otherwise (the noise straddles the target)."""
+def median_ci(xs: list[float], z: float = 1.959964) -> tuple[float, float]:
+    """A distribution-free 95% confidence interval of the median: the order statistics of ranks
+    ``⌊n/2 − z√n/2⌋`` and ``⌈1 + n/2 + z√n/2⌉`` (1-based, clamped to the sample)."""
+    v = sorted(xs)
+    n = len(v)
+    if n < 2:
+        return float("nan"), float("nan")
+    half = z * math.sqrt(n) / 2
+    lo = max(1, math.floor(n / 2 - half))
+    hi = min(n, math.ceil(1 + n / 2 + half))
+    return v[lo - 1], v[hi - 1]
+
+
+def verdict(ci: tuple[float, float], target: float | None) -> str:
+    """Met when the median's confidence interval lies within the target, missed when it lies past it,
+    unresolved otherwise (the noise cannot decide)."""
     if target is None:
         return "—"
-    lo, _, hi = q
+    lo, hi = ci
     if hi <= target:
         return f"met (≤ {target:.2f}×)"
     if lo > target:
         return f"missed (> {target:.2f}×)"
-    return f"unresolved (IQR straddles {target:.2f}×)"
+    return f"unresolved (CI straddles {target:.2f}×)"
 
 
 def bench(family: str, data_dir: str, rounds: int, warmup: int) -> dict:
@@ -119,11 +136,12 @@ def bench(family: str, data_dir: str, rounds: int, warmup: int) -> dict:
         out["variants"][n] = {"median_step_s": quartiles(times[n])[1] if len(times[n]) > 1 else float("nan"),
                               "step_s_q": quartiles(times[n]), "saved_bytes": saved, "saved_per_token_block": per_tb}
     for label, a, b, target, *mem_target in comparisons(family):
-        q = quartiles([x / y for x, y in zip(times[a], times[b])])
+        ratios = [x / y for x, y in zip(times[a], times[b])]
+        q, ci = quartiles(ratios), median_ci(ratios)
         mem = out["variants"][a]["saved_bytes"] / out["variants"][b]["saved_bytes"]
         mem_verdict = "—" if not mem_target else ("met" if mem <= mem_target[0] else "missed") + f" (≤ {mem_target[0]:.2f}×)"
-        out["ratios"][label] = {"time_ratio_q": q, "saved_ratio": mem, "target": target, "verdict": verdict(q, target),
-                                "saved_verdict": mem_verdict}
+        out["ratios"][label] = {"time_ratio_q": q, "time_ratio_ci95": ci, "saved_ratio": mem, "target": target,
+                                "verdict": verdict(ci, target), "saved_verdict": mem_verdict}
     out["wall_s"] = time.perf_counter() - t0
     return out
 
@@ -136,12 +154,13 @@ def print_family(family: str, res: dict) -> None:
         lo, med, hi = r["step_s_q"]
         print(f"| {n} | {med * 1e3:.1f} ms | {lo * 1e3:.1f}–{hi * 1e3:.1f} ms | {r['saved_bytes'] / 2**20:.3f} MiB | "
               f"{r['saved_per_token_block']:,.0f} B |")
-    print("\n| per-round ratio | time (median, IQR) | time target | saved-bytes ratio | saved target |")
-    print("|---|---|---|---|---|")
+    print("\n| per-round ratio | time: median [95% CI] | IQR | time target | saved-bytes ratio | saved target |")
+    print("|---|---|---|---|---|---|")
     for label, r in res["ratios"].items():
         lo, med, hi = r["time_ratio_q"]
-        print(f"| {label} | {med:.3f}× ({lo:.3f}–{hi:.3f}) | {r['verdict']} | {r['saved_ratio']:.4f}× | "
-              f"{r['saved_verdict']} |", flush=True)
+        clo, chi = r["time_ratio_ci95"]
+        print(f"| {label} | {med:.3f}× [{clo:.3f}, {chi:.3f}] | {lo:.3f}–{hi:.3f} | {r['verdict']} | "
+              f"{r['saved_ratio']:.4f}× | {r['saved_verdict']} |", flush=True)
 
 
 def main(argv=None) -> dict:

@@ -148,4 +148,4 @@ def test_nothing_outside_scale_reads_site_internals_or_tests_a_shipped_class():
                 internals.append(f"{rel}:{n}: {line.strip()}")
     assert chains == [], "isinstance over shipped ScaleVector classes (use the ScaleVector contract)"
     assert internals == [], ("site internals read outside scalevec_lit/scale/ (use NormSite.factors, input_scales, "
-                             "output_vector, expert_weight / expert_output / expert_parameters)")
+                             "output_vector, expert_factors / expert_output / expert_parameters)")

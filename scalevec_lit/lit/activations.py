@@ -16,19 +16,18 @@ fp32 copy), d the width, H / H_kv the query / key-value heads of ``hd`` channels
   ``+ 4·(E·r + k + 5) + 24k`` (fp32 router scores, r = 2 when they are a cast of bf16 logits; fp32 top-k
   weights and per-token sums; int64 top-k and sort indices);
 - per normalized output branch (``dual_norm``): ``4 × groups`` (its fp32 reciprocal RMS per head / row);
+  on an accelerator, with an output scale u, also ``s × width``: the normalized input, which
+  ``group_norm_rope`` keeps there because telling whether some ``u_j`` is exactly 0 would be a host read
+  (on CPU it checks, and recovers it from the output it returns; ``scale/ops.py``);
 - ``sublayer_output_norm``: ``2n·d + 4`` per output norm (two per block);
-- MoE with branch-specific scales: ``s·k·d`` more (the experts' input is scaled apart from the router's);
-  a normalized (``dual_norm``) expert gate or up: ``2·n·k·fe + 4k`` (+4 with shared experts) more each;
-  an ``output``/``dual`` scale on the experts' gate or up: ``s·E·d·fe`` per block and branch, whatever the
-  tokens (the experts' weights times u are saved: ``block_saved_constant``).
+- MoE: the experts' gate and up read one gathered x̂ whatever their scales (γ and an un-normalized u are on
+  the weights, recomputed in the backward: ``model/experts.py``); a normalized (``dual_norm``) expert gate
+  or up: ``2·n·k·fe + 4k`` (+4 with shared experts) more each.
 - head: ``8`` (int64 token ids of the embedding) ``+ n·d + 4 + s·d`` (final norm) ``+ 4·V`` (fp32
   log-softmax of the cross-entropy).
 
 Per block, a few scale-sized tensors (O(d), independent of the tokens) are not counted. The count is that
-of the eager block; under ``torch.compile`` the partitioner decides what to keep. Measured on CPU (inductor,
-fp32, d = 64, 4 + 2 heads of 16, f = 192, 256 tokens): baseline 4,632 B per token per block against 4,888
-eager (−5%: pointwise results recomputed), unified 5,058 against 4,923 eager (+3%: the normalized q/k input
-that ``group_norm_rope`` offers to the backward under compile, ``scale/ops.py``, is kept). With activation
+of the eager block; under ``torch.compile`` the partitioner decides what to keep (``COMPILED_NOTE``). With activation
 checkpointing a block keeps only its input (``s·d``) and one block's saved tensors exist at a time, in its
 recomputation.
 
@@ -49,47 +48,55 @@ def _groups(config: TransformerConfig, branch: str) -> int:
     return {"q": config.n_head, "k": config.n_kv_head, "v": config.n_kv_head}.get(branch, 1)
 
 
-def attention_saved_per_token(config: TransformerConfig, strategy: ScaleStrategy, s: int, n: int) -> int:
+#: what the partitioner of ``torch.compile`` keeps instead, measured (``benchmarks/compiled.py``)
+COMPILED_NOTE = ("torch.compile keeps 3–5% less than this eager count on CPU (smoke shapes, inductor: pointwise "
+                 "results recomputed)")
+
+
+def _keeps_normalized_input(strategy: ScaleStrategy, branch: str, accelerator: bool) -> bool:
+    """``group_norm_rope`` keeps a normalized branch's input on an accelerator when the branch has a u."""
+    p = strategy.placement.of(branch)
+    return accelerator and normalizes(p) and has_output_side(p) and not strategy.vector(1).is_identity
+
+
+def attention_saved_per_token(config: TransformerConfig, strategy: ScaleStrategy, s: int, n: int,
+                              accelerator: bool = True) -> int:
     d, hd, h, hkv = config.n_embd, config.head_dim, config.n_head, config.n_kv_head
     out = n * d + FP32 + s * (d + (h + hkv) * hd + hkv * hd + h * hd) + FP32 * h
     out += sum(FP32 * _groups(config, b) for b in ("q", "k", "v") if normalizes(strategy.placement.of(b)))
+    width = {"q": h * hd, "k": hkv * hd, "v": hkv * hd}
+    out += sum(s * width[b] for b in width if _keeps_normalized_input(strategy, b, accelerator))
     return out
 
 
-def mlp_saved_per_token(config: TransformerConfig, strategy: ScaleStrategy, layer: int, s: int, n: int) -> int:
+def mlp_saved_per_token(config: TransformerConfig, strategy: ScaleStrategy, layer: int, s: int, n: int,
+                        accelerator: bool = True) -> int:
     d, moe = config.n_embd, config.moe
     norm = n * d + FP32
     if moe is None or layer < moe.first_dense_layers:
         normalized = sum(FP32 for b in ("gate", "up") if normalizes(strategy.placement.of(b)))
-        return norm + s * (d + 4 * config.intermediate_size) + normalized
+        kept = sum(s * config.intermediate_size for b in ("gate", "up")
+                   if _keeps_normalized_input(strategy, b, accelerator))
+        return norm + s * (d + 4 * config.intermediate_size) + normalized + kept
     e, k, fe = moe.num_experts, moe.top_k, moe.expert_intermediate_size
     fs = moe.num_shared_experts * fe
     r = 1 if s == FP32 else 2
     out = norm + s * (d + 2 * k * d + 4 * k * fe + k + e + 4 * fs) + FP32 * (e * r + k + 5) + 3 * INT64 * k
-    if strategy.branch_specific:
-        out += s * k * d
     for b in ("gate", "up"):  # a normalized expert output keeps its k rows and their fp32 reciprocal RMS
         if normalizes(strategy.placement.of(b)):
             out += 2 * n * k * fe + FP32 * k + (FP32 if fs else 0)
+            if _keeps_normalized_input(strategy, b, accelerator) and fs:  # the shared experts' own
+                out += s * fs
     return out
 
 
-def block_saved_constant(config: TransformerConfig, strategy: ScaleStrategy, layer: int, s: int) -> int:
-    """Bytes a block saves whatever the number of tokens: the experts' weights times an output-side ``u``
-    (``output`` or ``dual`` on gate/up of an MoE layer; the plan counts no other such tensor: they are O(d))."""
-    moe = config.moe
-    if moe is None or layer < moe.first_dense_layers:
-        return 0
-    scaled = [b for b in ("gate", "up") if has_output_side(strategy.placement.of(b))
-              and not normalizes(strategy.placement.of(b))]
-    return len(scaled) * s * moe.num_experts * config.n_embd * moe.expert_intermediate_size
-
-
 def block_saved_per_token(config: TransformerConfig, strategy: ScaleStrategy, layer: int, s: int,
-                          n: Optional[int] = None) -> int:
-    """Bytes saved for the backward per token by block ``layer`` (eager, no activation checkpointing)."""
+                          n: Optional[int] = None, accelerator: bool = True) -> int:
+    """Bytes saved for the backward per token by block ``layer`` (eager, no activation checkpointing);
+    ``accelerator``: on a GPU (False: on CPU, where a few tensors are not kept; see the module doc)."""
     n = s if n is None else n
-    out = attention_saved_per_token(config, strategy, s, n) + mlp_saved_per_token(config, strategy, layer, s, n)
+    out = (attention_saved_per_token(config, strategy, s, n, accelerator)
+           + mlp_saved_per_token(config, strategy, layer, s, n, accelerator))
     if strategy.sublayer_output_norm:
         out += 2 * (2 * n * config.n_embd + FP32)
     return out
@@ -109,9 +116,9 @@ def loss_transient_per_token(config: TransformerConfig, s: int) -> int:
 
 
 def saved_per_token(config: TransformerConfig, strategy: ScaleStrategy, s: int, checkpointing: bool,
-                    n: Optional[int] = None) -> tuple[int, int]:
+                    n: Optional[int] = None, accelerator: bool = True) -> tuple[int, int]:
     """``(all blocks, head)`` saved bytes per token at the end of the forward; with activation checkpointing the
     blocks keep their inputs, and the largest block's saved tensors are added (its recomputation)."""
-    per_block = [block_saved_per_token(config, strategy, i, s, n) for i in range(config.n_layer)]
+    per_block = [block_saved_per_token(config, strategy, i, s, n, accelerator) for i in range(config.n_layer)]
     blocks = config.n_layer * s * config.n_embd + max(per_block) if checkpointing else sum(per_block)
     return blocks, head_saved_per_token(config, s, n)

@@ -36,7 +36,7 @@ import torch
 
 from ..checks import config_value as _get
 from ..errors import UserError, notice
-from .activations import block_saved_constant, loss_transient_per_token, saved_per_token
+from .activations import COMPILED_NOTE, loss_transient_per_token, saved_per_token
 
 GIB = 2 ** 30
 #: Total memory as ``nvidia-smi`` reports it (MiB): H100 SXM 80 GB: 81,559; H200: 143,771; A100 80 GB: 81,920.
@@ -140,9 +140,7 @@ def memory_of(model: torch.nn.Module, moments: dict[int, int], shards: int, mast
     weights = sum(shard_numel(p.shape, shards) for p in params) * master_bytes
     optimizer = sum(moments.get(id(p), 0) * shard_numel(p.shape, shards) for p in params) * master_bytes
     blocks, head = saved_per_token(config, strategy, act_bytes, checkpointing)
-    constant = sum(block_saved_constant(config, strategy, i, act_bytes) for i in range(config.n_layer))
-    activations = micro_tokens * (blocks + head) + (max(block_saved_constant(config, strategy, i, act_bytes)
-                                                        for i in range(config.n_layer)) if checkpointing else constant)
+    activations = micro_tokens * (blocks + head)
     transient = micro_tokens * loss_transient_per_token(config, act_bytes)
     if fsdp:  # gathered copies in the compute dtype: the root (embedding, head) and two blocks (every block when
         # they are not resharded after the forward); one block's unsharded gradients
@@ -323,8 +321,7 @@ def format_plan(p: Plan) -> str:
                else "DOES NOT FIT")
     lines.append(f"    {'total'.ljust(width)} {_gib(m.total)} of {budget}: {verdict} ({100 * m.total / p.memory_budget:.0f}%)")
     lines.append("  not counted: CUDA context and communication buffers (1–3 GiB), allocator fragmentation"
-                 + ("; torch.compile saves −5% (baseline) to +3% (unified) of the eager count on CPU" if p.compile
-                    else ""))
+                 + (f"; {COMPILED_NOTE}" if p.compile else ""))
     lines += [f"  note: {note}" for note in p.notes]
     return "\n".join(lines)
 

@@ -24,7 +24,12 @@ Plain torch only: must not import Lightning.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
+
+from ..scale.higher_order import higher_order_enabled
+from ..scale.ops import backward_only
 
 
 def _in_backward() -> bool:
@@ -38,9 +43,13 @@ def _in_backward() -> bool:
 
 
 def _grouped_mm_runs(x: torch.Tensor, w: torch.Tensor) -> bool:
-    ok_dtype = x.dtype in (torch.float32, torch.bfloat16, torch.float16) and w.dtype == x.dtype
+    return w.dtype == x.dtype and _grouped_mm_fits(x, w.shape[1])
+
+
+def _grouped_mm_fits(x: torch.Tensor, out_features: int) -> bool:
     align = 16 // x.element_size()
-    return hasattr(torch, "_grouped_mm") and ok_dtype and x.shape[-1] % align == 0 and w.shape[1] % align == 0
+    return (hasattr(torch, "_grouped_mm") and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and x.shape[-1] % align == 0 and out_features % align == 0)
 
 
 # -- torch._grouped_mm as an operator the compiler does not look into (fp32/fp16 under compile) -------------
@@ -136,3 +145,76 @@ def expert_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, mode:
             y.register_hook(lambda g: g.contiguous())
         return y
     return _per_expert_masked(x, w, offsets) if compiling else _per_expert_sliced(x, w, offsets)
+
+
+# -- expert weights with their scales, the effective weight recomputed, never saved ---------------------------
+def effective_expert_weight(w: torch.Tensor, cols: Optional[torch.Tensor], rows: Optional[torch.Tensor]) -> torch.Tensor:
+    """``diag(rows) W_e diag(cols_e)`` for every expert: ``w`` [E, out, in], ``cols`` [in] or [E, in], ``rows``
+    [out] (None: ones), in the dtype of ``w``."""
+    if cols is not None:
+        w = w * (cols.to(w.dtype) if cols.ndim == 2 else cols.to(w.dtype)[None])[:, None, :]
+    if rows is not None:
+        w = w * rows.to(w.dtype)[None, :, None]
+    return w
+
+
+def expert_weight_grad(g: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor, experts: int, mode: str = "auto"
+                       ) -> torch.Tensor:
+    """Per expert e: ``g_eᵀ x_e`` [E, out, in] over its rows (the gradient of its weight), by the same way as
+    ``expert_matmul`` with these operands."""
+    if mode == "grouped_mm" or (mode == "auto" and _grouped_mm_fits(x, g.shape[1])):
+        return _grouped_mm_weight_grad(g, x, offsets)
+    if torch.compiler.is_compiling():
+        rows = torch.arange(x.shape[0], device=x.device, dtype=offsets.dtype)
+        expert_of_row = torch.searchsorted(offsets, rows, right=True)[:, None]
+        return torch.stack([(g * (expert_of_row == e)).transpose(0, 1) @ x for e in range(experts)])
+    out, start = [], 0
+    for end in offsets.tolist():
+        out.append(g[start:end].transpose(0, 1) @ x[start:end])
+        start = end
+    return torch.stack(out)
+
+
+class _ScaledExpertMatmul(torch.autograd.Function):
+    """``expert_matmul(x, diag(rows) W diag(cols))`` saving ``x``, ``W`` and the scales only: the effective
+    weight (weight-sized) is recomputed in the backward, and the input is the one tensor that every expert
+    branch of a site reads (gathered once), so branch-specific γ costs no activation."""
+
+    @staticmethod
+    def forward(ctx, x, w, cols, rows, offsets, mode: str):
+        ctx.mode = mode
+        ctx.save_for_backward(x, w, cols, rows, offsets)
+        return expert_matmul(x, effective_expert_weight(w, cols, rows).to(x.dtype), offsets, mode)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w, cols, rows, offsets = ctx.saved_tensors
+        gy = gy.to(x.dtype).contiguous()  # torch._grouped_mm refuses expanded (stride-0) operands
+        dx = dw = dcols = drows = None
+        if ctx.needs_input_grad[0]:
+            # the small factor made backward-only, or the compiler's partitioner may keep the effective weight
+            small = [backward_only(t, gy) if t is not None else None for t in (cols, rows)]
+            if small == [None, None]:
+                w = backward_only(w, gy)
+            w_eff = effective_expert_weight(w, *small).to(x.dtype)
+            dx = expert_matmul(gy, w_eff.transpose(-2, -1), offsets, ctx.mode)
+        if any(ctx.needs_input_grad[1:4]):
+            g_eff = expert_weight_grad(gy, x, offsets, w.shape[0], ctx.mode).to(w.dtype)  # ∂L/∂(effective weight)
+            if ctx.needs_input_grad[1]:
+                dw = effective_expert_weight(g_eff, cols, rows)
+            if ctx.needs_input_grad[2]:
+                dcols = effective_expert_weight(g_eff * w, None, rows).sum(1)  # [E, in]
+                dcols = (dcols if cols.ndim == 2 else dcols.sum(0)).to(cols.dtype)
+            if ctx.needs_input_grad[3]:
+                drows = effective_expert_weight(g_eff * w, cols, None).sum((0, 2)).to(rows.dtype)
+        return dx, dw, dcols, drows, None, None
+
+
+def scaled_expert_matmul(x: torch.Tensor, w: torch.Tensor, cols: Optional[torch.Tensor], rows: Optional[torch.Tensor],
+                         offsets: torch.Tensor, mode: str = "auto") -> torch.Tensor:
+    """Rows of ``x`` [M, in] grouped by expert times ``(diag(rows) W_e diag(cols_e))ᵀ``: ``cols`` the
+    input-side γ on the columns ([in] shared by the experts, or [E, in] per expert), ``rows`` an
+    un-normalized output-side u ([out]). Inside ``higher_order()`` the plain composition (autograd's own)."""
+    if (cols is None and rows is None) or higher_order_enabled():
+        return expert_matmul(x, effective_expert_weight(w, cols, rows).to(x.dtype), offsets, mode)
+    return _ScaledExpertMatmul.apply(x, w, cols, rows, offsets, mode)

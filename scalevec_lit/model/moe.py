@@ -25,7 +25,7 @@ from torch import nn
 from ..scale.sites import Branch, NormSite, OutputNorm
 from ..scale.strategy import ScaleStrategy
 from .config import TransformerConfig
-from .experts import _in_backward, expert_matmul
+from .experts import _in_backward, expert_matmul, scaled_expert_matmul
 from .mlp import swiglu
 from .routing import Grouping, Routing, group_by_expert, load_balancing_loss, route, router_z_loss
 
@@ -144,7 +144,7 @@ class MoE(nn.Module):
                   self.expert_bias if self.bias_balancing else None, self.route_norm)
         n, k = r.experts.shape
         g = group_by_expert(r.experts, self.num_experts)
-        y_sorted = self._experts(outs["gate"], outs["up"], g.token, g.offsets)
+        y_sorted = self._experts(outs["gate"], g.token, g.offsets)
         y_pairs = y_sorted[g.inverse].view(n, k, -1)  # back to (token, slot) order: a gather, no atomics
         y = torch.einsum("nkd,nk->nd", y_pairs, r.weights.to(y_pairs.dtype))
         if self.shared_down is not None:
@@ -154,16 +154,17 @@ class MoE(nn.Module):
         self._record(r, g, recording)
         return y.view(*shape[:-1], y.shape[-1])
 
-    def _experts(self, xg: torch.Tensor, xu: torch.Tensor, token: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        wg, wu, wd = self.input.expert_weight("gate"), self.input.expert_weight("up"), self.expert_down
-        dtype = torch.get_autocast_dtype(xg.device.type) if torch.is_autocast_enabled(xg.device.type) else wg.dtype
-        wg, wu, wd = wg.to(dtype), wu.to(dtype), wd.to(dtype)
-        xs_g = xg[token].to(dtype)
-        xs_u = xs_g if xu is xg else xu[token].to(dtype)
-        mm = lambda a, w: expert_matmul(a, w, offsets, self.matmul_mode)  # noqa: E731
-        hg = self.input.expert_output("gate", mm(xs_g, wg))
-        hu = self.input.expert_output("up", mm(xs_u, wu))
-        return swiglu(hg, hu, lambda h: mm(h, wd))
+    def _experts(self, xhat: torch.Tensor, token: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """The routed experts on the (token, slot) rows sorted by expert: x̂ gathered once for gate and up,
+        each branch's γ (and an un-normalized u) applied to its weights, which are never saved
+        (``scaled_expert_matmul``)."""
+        wd = self.expert_down
+        dtype = torch.get_autocast_dtype(xhat.device.type) if torch.is_autocast_enabled(xhat.device.type) else wd.dtype
+        xs = xhat[token].to(dtype)
+        mode = self.matmul_mode
+        hg, hu = [self.input.expert_output(name, scaled_expert_matmul(xs, *self.input.expert_factors(name), offsets, mode))
+                  for name in ("gate", "up")]
+        return swiglu(hg, hu, lambda h: expert_matmul(h, wd.to(dtype), offsets, mode))
 
     # -- balancing and statistics -----------------------------------------------------------------------
     @torch.no_grad()

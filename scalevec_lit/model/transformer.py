@@ -21,6 +21,7 @@ from torch import nn
 
 from ..scale.sites import Branch, NormSite
 from ..scale.strategy import ScaleStrategy
+from ..scale.zero_check import check_zero_u_, clear_zero_u_
 from .attention import CausalSelfAttention
 from .block import Block
 from .cache import KVCache, check_cache_support
@@ -105,10 +106,18 @@ class Transformer(nn.Module):
             raise ValueError(
                 f"input length {idx.shape[1]} exceeds model.config.seq_len={self.config.seq_len}"
             )
-        x = self.embed(idx)
-        for block in self.blocks:
-            x = block(x, self.rope_cos, self.rope_sin)
-        (logits,) = self.final(x)
+        compiled = [] if torch.compiler.is_compiling() else [
+            b for b in self.blocks if getattr(b, "_compiled_call_impl", None) is not None]
+        for block in compiled:  # a constant for group_norm_rope inside the compiled graph (scale/zero_check.py)
+            check_zero_u_(block)
+        try:
+            x = self.embed(idx)
+            for block in self.blocks:
+                x = block(x, self.rope_cos, self.rope_sin)
+            (logits,) = self.final(x)
+        finally:
+            for block in compiled:
+                clear_zero_u_(block)
         return logits
 
     # -- decoding with a key/value cache (model/cache.py); the training path above never reads it ------------

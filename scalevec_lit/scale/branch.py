@@ -48,7 +48,7 @@ class Branch:
             normalized output scale is still absorbable (input role). The map itself is given to the site when
             it is built (``NormSite(absorbed_by={name: map})``); a site refuses to be built without it.
         experts: >0: a stacked ``[experts, out, in]`` weight that the MoE computes itself; the site gives
-            it the scaled x̂ (``forward``) and the effective weight (``expert_weight``).
+            it x̂ (``forward``) and the weight with the scales on its columns and rows (``expert_factors``).
         proj_site: the ``site`` of this branch's output-side scale in tags (default: the site's ``proj_site``);
             a site read by attention and MLP alike (one-norm parallel block) names each branch's own.
     """

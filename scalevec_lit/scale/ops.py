@@ -19,8 +19,11 @@ activation beyond what its neighbours save anyway.
   some ``u_j`` is exactly 0 (checked once per call on the small ``u``, only when a gradient is wanted: a
   host read of one flag, a synchronization on a GPU) the function also saves the normalized input and its
   backward uses it instead of dividing: exact for every ``u``, at one activation-sized tensor more in that
-  case only. Under ``torch.compile`` (no check: it would break the graph) the normalized input is always
-  offered to the backward and the compiler's partitioner decides what to keep.
+  case only. Under ``torch.compile`` the check would break the graph, so it is made before the compiled
+  block runs and handed in as ``u_has_zero`` (``NormSite.check_u_``, called by ``Transformer.forward`` for
+  compiled blocks on CPU, where reading the flag costs nothing); without it (on an accelerator, where the
+  read would be a host sync each step) the normalized input is always offered to the backward and the
+  compiler's partitioner decides what to keep.
 
 Both stay autograd functions under ``torch.compile`` too: the plain torch composition in their place under
 compile was measured (benchmarks/compiled.py, 2026-12-04: inductor, dense and MoE smoke shapes) no faster
@@ -66,10 +69,45 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * c + _rotate(x) * s
 
 
+# -- keeping the compiler's partitioner from saving what a backward recomputes --------------------------------
+@torch.library.custom_op("scalevec::one_after", mutates_args=())
+def _one_after(g: torch.Tensor) -> torch.Tensor:
+    """The scalar 1 in ``g``'s dtype, computed only once ``g`` exists (the compiler cannot look inside)."""
+    return torch.ones((), dtype=g.dtype, device=g.device)
+
+
+@_one_after.register_fake
+def _(g):
+    return g.new_empty(())
+
+
+def backward_only(t: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+    """``t`` itself, made to depend on the incoming gradient ``gy`` under ``torch.compile`` (``t · 1``, exact).
+
+    A backward that recomputes something from forward values alone (an effective weight ``W diag(γ)``, the
+    normalized input from a kept output) gives AOTAutograd's partitioner the choice to compute it in the
+    forward instead and save it; measured, it did (compiled baseline kept every effective weight, compiled
+    unified a q/k-sized tensor beside the output attention keeps anyway). Multiplying the small operand the
+    recomputation starts from by a 1 that exists only in the backward leaves it no such choice; inductor
+    fuses the multiply. Eager: ``t`` unchanged."""
+    if not torch.compiler.is_compiling():
+        return t
+    return t * _one_after(gy)
+
+
 # -- scaled_linear -------------------------------------------------------------------------------------------
-def _effective_weight(ws, gs, us) -> torch.Tensor:
+def _effective_weight(ws, gs, us, after: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``cat_b(diag(u_b) W_b diag(γ_b))``; ``after`` (the backward's incoming gradient): each part's smallest
+    factor is passed through ``backward_only`` first, so that no part can be computed in the forward."""
     parts = []
     for w, g, u in zip(ws, gs, us):
+        if after is not None:
+            if g is not None:
+                g = backward_only(g, after)
+            elif u is not None:
+                u = backward_only(u, after)
+            else:
+                w = backward_only(w, after)
         if g is not None:
             w = w * g[None, :].to(w.dtype)
         if u is not None:
@@ -111,7 +149,7 @@ class _ScaledLinear(torch.autograd.Function):
     def backward(ctx, gy):
         x, *tensors = ctx.saved_tensors
         ws, gs, us = _unpack(ctx.n, ctx.layout, [tensors[i] for i in ctx.slots])
-        weight = _effective_weight(ws, gs, us)  # recomputed: O(weight) work, no saved copy
+        weight = _effective_weight(ws, gs, us, after=gy)  # recomputed: O(weight) work, no saved copy
         gy = gy.to(ctx.dtype)
         gx = gy @ weight.to(ctx.dtype) if ctx.needs_input_grad[0] else None
         g_eff = (gy.reshape(-1, gy.shape[-1]).transpose(0, 1) @ x.reshape(-1, x.shape[-1]).to(ctx.dtype))
@@ -273,7 +311,7 @@ class _GroupNormRope(torch.autograd.Function):
     (``_backward_from_input``)."""
 
     @staticmethod
-    def forward(ctx, a, u, cos, sin, eps: float):
+    def forward(ctx, a, u, cos, sin, eps: float, u_has_zero: Optional[bool] = None):
         # a: [B, T, G, g]; u: [G, g] or None; cos/sin: [≥T, g] tables or None
         compute = _compute_dtype_of(a)
         n, rstd = _rms_norm_with_rstd(a, eps)
@@ -282,10 +320,11 @@ class _GroupNormRope(torch.autograd.Function):
         ctx.dtype = a.dtype
         # a channel with u_j = 0 cannot be recovered from y: keep the normalized input itself then. The check
         # reads a value on the host, so it is made only for CPU tensors (free there); on an accelerator (a host
-        # sync per layer) and under torch.compile (a graph break) the normalized input is always kept (under
-        # compile its partitioner decides what it keeps)
-        keep_n = u is not None and any(ctx.needs_input_grad[:2]) and (
-            torch.compiler.is_compiling() or u.device.type != "cpu" or not bool(u.all()))
+        # sync per layer) and under torch.compile (a graph break) the normalized input is kept unless the
+        # caller made the check beforehand (``u_has_zero``; under compile the partitioner decides the rest)
+        if u_has_zero is None:
+            u_has_zero = torch.compiler.is_compiling() or u is None or u.device.type != "cpu" or not bool(u.all())
+        keep_n = u is not None and any(ctx.needs_input_grad[:2]) and u_has_zero
         ctx.save_for_backward(y, rstd, u, cos, sin, n if keep_n else None)
         return y
 
@@ -299,18 +338,19 @@ class _GroupNormRope(torch.autograd.Function):
                 "scalevec_lit.callbacks.SharpnessMonitor does")
         y, rstd, u, cos, sin, n = ctx.saved_tensors
         if n is not None:
-            return _backward_from_input(ctx, gy, n, rstd, u, cos, sin)
+            return (*_backward_from_input(ctx, gy, n, rstd, u, cos, sin), None)
         compute = _compute_dtype_of(y)
         t = _norm_rope_tables(u, cos, sin, y.shape[1], compute, backward=True)
         y, gy = y.to(compute), gy.to(compute)
-        n = _pair_mul(y, t.P, t.Q)  # the normalized input, recovered (exact where u ≠ 0)
+        P, Q = (None if v is None else backward_only(v, gy) for v in (t.P, t.Q))
+        n = _pair_mul(y, P, Q)  # the normalized input, recovered (exact where u ≠ 0)
         gn = _pair_mul(gy, t.A, t.Bt)
         m = gn * n
         gu = None
         if u is not None:  # ∂L/∂u = Σ_{B,T} ∂L/∂(u ⊙ n) ⊙ n = Σ gn ⊙ n / u (here no u_j is 0)
             gu = (m.sum(dim=tuple(range(m.ndim - 2))) * t.inv_u).to(u.dtype)
         ga = torch.addcmul(gn, n, m.mean(-1, keepdim=True), value=-1.0).mul_(rstd.to(compute))
-        return ga.to(ctx.dtype), gu, None, None, None
+        return ga.to(ctx.dtype), gu, None, None, None, None
 
 
 def _backward_from_input(ctx, gy, n, rstd, u, cos, sin):
@@ -347,12 +387,16 @@ def group_norm_rope(
     eps: float,
     cos: Optional[torch.Tensor] = None,
     sin: Optional[torch.Tensor] = None,
+    u_has_zero: Optional[bool] = None,
 ) -> torch.Tensor:
     """``RoPE(u ⊙ a / RMS(a))`` over the last dim of ``a`` ``[B, T, G, g]``; ``u`` is ``[G, g]`` or None,
-    RoPE only when ``cos``/``sin`` are given."""
+    RoPE only when ``cos``/``sin`` are given. ``u_has_zero``: whether some ``u_j`` is exactly 0, when the
+    caller knows it (``None``: checked here where that is free, else assumed; see the module doc). A
+    ``False`` given for a ``u`` with a zero makes that channel's gradients wrong: only a check of this very
+    ``u`` may give it."""
     if _HIGHER_ORDER[0]:
         return _group_norm_rope_plain(a, u, cos, sin, eps)
-    return _GroupNormRope.apply(a, u, cos, sin, eps)
+    return _GroupNormRope.apply(a, u, cos, sin, eps, u_has_zero)
 
 
 def _group_norm_rope_plain(a, u, cos, sin, eps: float) -> torch.Tensor:

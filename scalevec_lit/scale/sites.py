@@ -17,7 +17,7 @@ placement or the site's attributes):
 - writing: ``input_scales()`` (each input-side γ with the branches it reads, per-expert γ_i included) and
   ``output_vector(name)`` (the vector holding a branch's output-side u), written through the ``ScaleVector``
   inverse (``scale.convert.set_scale_``);
-- MoE: ``expert_weight(name)``, ``expert_output(name, h)``, ``expert_parameters()``;
+- MoE: ``expert_factors(name)``, ``expert_output(name, h)``, ``expert_parameters()``;
 - ``fold_()``, and for the registry ``scale_vectors()`` / ``consumers(vector)``.
 
 Fast path (``NormSite.forward``): every 2-D consumer of one x̂ in one matmul, γ (and an un-normalized
@@ -63,13 +63,16 @@ class ScaleSite(nn.Module):
 class NormSite(ScaleSite):
     """``x̂ = x / RMS(x)`` once; each branch ``b`` computes ``u_b ⊙ [N](W_b (γ_b ⊙ x̂))`` (see module doc).
 
-    ``forward(x, rope)`` returns one tensor per branch, in branch order (for expert branches: the scaled
-    x̂ they read). ``branch_specific`` gives each branch its own γ (HG); ``scale_keys`` (branch → scale
+    ``forward(x, rope)`` returns one tensor per branch, in branch order (for expert branches: x̂ itself; their
+    γ is on the weights, ``expert_factors``). ``branch_specific`` gives each branch its own γ (HG); ``scale_keys`` (branch → scale
     name) overrides the grouping. ``enabled=False``: a norm without learnable scales (final_norm: false).
     ``absorbed_by``: for each branch declared ``absorbed_downstream``, the map that reads its output linearly
     (a module with a ``weight``, or ``(owner, attribute)`` of a bare parameter): the fold of a normalized
     output scale goes into its columns. A missing or unexpected one is refused here, when the site is built.
     """
+
+    #: whether a normalized output scale ``u`` holds an exact 0, set before a compiled block runs (zero_check.py)
+    u_has_zero: Optional[bool] = None
 
     def __init__(
         self,
@@ -203,16 +206,9 @@ class NormSite(ScaleSite):
             rows = [None if self._normalizes(b.name) else self._u_full(b) for b in dense]
             y = scaled_linear(xhat, [self.weight(b.name) for b in dense], gammas, rows)
             outs.update(self._output_side(y, dense, rope))
-        done: dict[str, torch.Tensor] = {}
         for b in self.branches:
-            if b.experts:
-                key = self.key[b.name]
-                if key is None or self.scales[key].is_identity:
-                    outs[b.name] = xhat
-                else:
-                    if key not in done:
-                        done[key] = xhat * self.scales[key]().to(xhat.dtype)
-                    outs[b.name] = done[key]
+            if b.experts:  # one tensor for every expert branch: their γ goes with the weights (expert_factors)
+                outs[b.name] = xhat
         return [outs[b.name] for b in self.branches]
 
     def _output_side(self, y: torch.Tensor, dense: list[Branch], rope) -> dict[str, torch.Tensor]:
@@ -241,7 +237,8 @@ class NormSite(ScaleSite):
                     u = torch.cat([(expand_u(t, b.out_features) if t is not None else part.new_ones(b.out_features))
                                    for t, b in zip(us, members)]).view(-1, group)
                 cos, sin = rope if rotary else (None, None)
-                part = group_norm_rope(part.unflatten(-1, (-1, group)), u, self.eps, cos, sin).flatten(-2)
+                known = self.u_has_zero if torch.compiler.is_compiling() else None  # zero_check.py
+                part = group_norm_rope(part.unflatten(-1, (-1, group)), u, self.eps, cos, sin, known).flatten(-2)
             elif rotary:
                 part = apply_rope(part.unflatten(-1, (-1, head)), *rope).flatten(-2)
             elif transformed and len(runs) > 1:
@@ -253,15 +250,13 @@ class NormSite(ScaleSite):
         return out
 
     # -- experts (MoE) -------------------------------------------------------------------------------------
-    def expert_weight(self, name: str) -> torch.Tensor:
-        """The stacked ``[E, out, in]`` weight of an expert branch with its per-expert γ_e on the columns and an
-        un-normalized u on the rows (the shared γ is applied to x̂ by ``forward``)."""
-        w = self.weight(name)
-        per = self._expert_columns(name)
-        if per is not None:
-            w = w * per.to(w.dtype)[:, None, :]
+    def expert_factors(self, name: str) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """``(W, columns, rows)`` of an expert branch, whose effective weight is ``diag(rows) W_e diag(columns_e)``:
+        the stacked ``[E, out, in]`` weight, the input-side γ on its columns (``[in]``: the branch's γ;
+        ``[E, in]``: times each expert's γ_e; None: none) and an un-normalized u on its rows (``[out]`` or None).
+        ``forward`` gives every expert branch x̂ itself; ``model.experts.scaled_expert_matmul`` applies these."""
         u = None if self._normalizes(name) else self._u_full(self.by_name[name])
-        return w if u is None else w * u.to(w.dtype)[None, :, None]
+        return self.weight(name), self._columns(name), u
 
     def expert_output(self, name: str, h: torch.Tensor) -> torch.Tensor:
         """The output side of an expert branch on its projections ``h`` [M, out] (norm, then u)."""
