@@ -1,6 +1,6 @@
 """What a compiled block keeps for the backward, and the zero-``u`` case that decides it.
 
-``group_norm_rope`` (``scale/ops.py``) keeps only its output, which attention keeps anyway, and recovers the
+``group_norm_rope`` (``scale/norm_rope.py``) keeps only its output, which attention keeps anyway, and recovers the
 normalized input from it by dividing by the output scale ``u``. A ``u_j`` exactly 0 cannot be divided by, so
 then the normalized input is kept as well. Inside a compiled block that check would break the graph;
 ``Transformer.forward`` makes it before each compiled block and hands it in as a constant

@@ -17,22 +17,9 @@ from scalevec_lit.hub import convert as hub_convert
 from scalevec_lit.hub.convert import convert_model, tolerance
 from scalevec_lit.model import Transformer
 from scalevec_lit.scale import ScaleStrategy, ScaleVector, scale_parameters
+from extensions.scales import SquareScale
 
 CFG = dict(vocab_size=128, n_embd=32, n_head=4, n_kv_head=2, intermediate_size=48)
-
-
-class SquareScale(ScaleVector):
-    """γ = w², w init 1: no inverse."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__(dim)
-        self.scale = nn.Parameter(torch.ones(dim))
-
-    def forward(self) -> torch.Tensor:
-        return self.scale.square()
-
-    def reset_parameters(self) -> None:
-        nn.init.ones_(self.scale)
 
 
 class RootScale(SquareScale):
@@ -76,7 +63,7 @@ def test_the_same_strategy_is_a_bitwise_copy_even_without_an_inverse():
 
 
 def test_a_target_without_an_inverse_is_refused_by_name():
-    with pytest.raises(UserError, match=rf"its model\.strategy\.vector {re.escape(__name__)}\.SquareScale has no inverse "
+    with pytest.raises(UserError, match=r"its model\.strategy\.vector extensions\.scales\.SquareScale has no inverse "
                                         r"\(ScaleVector\.set_gamma_\), so no conversion can set its scales to the "
                                         r"model's γ; implement set_gamma_\(gamma\) -> bool in that class"):
         convert_model(_model(ScaleStrategy()), ScaleStrategy(vector=SquareScale), value="square.yaml")

@@ -18,7 +18,7 @@ fp32 copy), d the width, H / H_kv the query / key-value heads of ``hd`` channels
 - per normalized output branch (``dual_norm``): ``4 × groups`` (its fp32 reciprocal RMS per head / row);
   on an accelerator, with an output scale u, also ``s × width``: the normalized input, which
   ``group_norm_rope`` keeps there because telling whether some ``u_j`` is exactly 0 would be a host read
-  (on CPU it checks, and recovers it from the output it returns; ``scale/ops.py``);
+  (on CPU it checks, and recovers it from the output it returns; ``scale/norm_rope.py``);
 - ``sublayer_output_norm``: ``2n·d + 4`` per output norm (two per block);
 - MoE: the experts' gate and up read one gathered x̂ whatever their scales (γ and an un-normalized u are on
   the weights, recomputed in the backward: ``model/experts.py``); a normalized (``dual_norm``) expert gate

@@ -29,7 +29,7 @@ from ..scale.strategy import ScaleStrategy
 from . import nonfinite as nonfinite_check
 from .nonfinite import NonFiniteGuard, SkipWindow, supports_found_inf
 from .optim import build_param_groups, check_group_options, describe_groups, instantiate_optimizer
-from .parallel import DATASHEET_BF16_TFLOPS, ParallelOptions, parallelize
+from .parallel import DATASHEET_BF16_TFLOPS, ParallelOptions, graph_break_report, parallelize
 from .schedules import Schedule, WarmupCosine
 from .tokenizer_check import check_same_tokenizer, data_identity
 
@@ -278,6 +278,8 @@ class CausalLM(L.LightningModule):
             metric.reset()
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.compile and self._t_last is None and (report := graph_break_report()):
+            rank_zero_warn(report)  # the first step of this process compiled the blocks
         now = time.perf_counter()
         if self._t_last is not None and self.trainer.is_global_zero and self._logging_step():
             tokens_per_sec = (batch.shape[1] - 1) * batch.shape[0] * self.trainer.world_size / max(1e-9, now - self._t_last)

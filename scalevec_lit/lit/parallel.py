@@ -74,3 +74,21 @@ def parallelize(
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=options.reshard_after_forward)
     return model
+
+
+def graph_break_report() -> Optional[str]:
+    """What Dynamo broke so far in this process (``compile: true`` compiles without ``fullgraph``, so a break in
+    a user's block fragments it instead of failing), or None when nothing was broken. Read after the first
+    training step: every shipped preset compiles whole (``tests/test_compile.py``)."""
+    from torch._dynamo.utils import counters
+
+    breaks = counters.get("graph_break", {})
+    if not breaks:
+        return None
+    reasons = sorted(breaks.items(), key=lambda kv: -kv[1])
+    listed = "; ".join(f"{reason.splitlines()[0][:160]} ({n}×)" for reason, n in reasons[:5])
+    more = f"; and {len(reasons) - 5} more" if len(reasons) > 5 else ""
+    return (f"torch.compile broke the compiled blocks into more graphs than one ({sum(breaks.values())} graph "
+            f"break(s)): {listed}{more}. Each break runs the code around it eagerly (slower, and on a GPU often a "
+            "host sync). Every shipped preset compiles whole, so a break comes from a block, model or scale class "
+            "of your own: find it with torch._dynamo.explain(block)(x, cos, sin), or set model.compile: false")

@@ -4,7 +4,7 @@ second grad through it) through the fused scale ops of ``ops.py``.
 ``scaled_linear``'s backward is written with differentiable torch ops on saved *inputs* only, so it is
 twice differentiable as it is. ``group_norm_rope``'s backward reads its saved output and a reciprocal RMS
 computed in the forward (a constant to autograd), so it is not: inside ``higher_order()`` it is the plain
-torch composition (``ops._group_norm_rope_plain``: the same function, autograd's own, twice
+torch composition (``norm_rope._group_norm_rope_plain``: the same function, autograd's own, twice
 differentiable; more passes and more saved memory, which an HVP does not mind), and outside it its
 backward refuses a graph request (``create_graph=True``) instead of returning a wrong second derivative.
 ``higher_order()`` also restricts ``scaled_dot_product_attention`` to the math kernel (torch's fused CPU

@@ -21,7 +21,7 @@ placement or the site's attributes):
 - ``fold_()``, and for the registry ``scale_vectors()`` / ``consumers(vector)``.
 
 Fast path (``NormSite.forward``): every 2-D consumer of one x̂ in one matmul, γ (and an un-normalized
-u) applied to the weights (``scale/ops.py``); a normalized output side and RoPE run once over all
+u) applied to the weights (``scale/ops.py``); a normalized output side and RoPE (``scale/norm_rope.py``) run once over all
 branches that share them (q and k together), saving no activation of their own.
 
 Roles follow the absorbability rule: a scale that a linear map can absorb exactly is ``input`` role,

@@ -1,6 +1,6 @@
 """Whether a site's normalized output scales ``u`` hold an exact zero, checked before a compiled block runs.
 
-``group_norm_rope`` (``ops.py``) saves only its output and recovers the normalized input from it by dividing
+``group_norm_rope`` (``norm_rope.py``) saves only its output and recovers the normalized input from it by dividing
 by ``u``; a channel with ``u_j`` exactly 0 cannot be recovered, so the normalized input must be kept then.
 Inside a compiled block that check would break the graph, so ``Transformer.forward`` makes it before each
 compiled block (``check_zero_u_``) and the site hands the answer in as a constant: the compiled graph is

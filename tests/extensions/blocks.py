@@ -138,3 +138,13 @@ class CacheBlindAttention(CausalSelfAttention):
 class CacheBlindBlock(Block):
     def build_attention(self, config, layer, strategy) -> nn.Module:
         return CacheBlindAttention(config, layer, strategy)
+
+
+class GraphBreakBlock(Block):
+    """A block that ``torch.compile`` cannot capture whole (an explicit graph break, as a print or a host read
+    in a user's forward would make): ``compile: true`` runs it in pieces and fit says so after the first step."""
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attn(x, cos, sin)
+        torch._dynamo.graph_break()
+        return h + self.mlp(h)

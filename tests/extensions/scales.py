@@ -47,3 +47,17 @@ class TanhScale(ScaleVector):
 
     def reset_parameters(self) -> None:
         nn.init.zeros_(self.scale)
+
+
+class SquareScale(ScaleVector):
+    """γ = w², w initialised to 1: a user class without an inverse (``set_gamma_`` not written)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim)
+        self.scale = nn.Parameter(torch.ones(dim))
+
+    def forward(self) -> torch.Tensor:
+        return self.scale.square()
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.scale)
