@@ -49,8 +49,8 @@ def _groups(config: TransformerConfig, branch: str) -> int:
 
 
 #: what the partitioner of ``torch.compile`` keeps instead, measured (``benchmarks/compiled.py``)
-COMPILED_NOTE = ("torch.compile keeps 3–5% less than this eager count on CPU (smoke shapes, inductor: pointwise "
-                 "results recomputed)")
+COMPILED_NOTE = ("torch.compile keeps 7–11% less than this eager count on CPU (smoke shapes, inductor: pointwise "
+                 "results recomputed; benchmarks/compiled.py)")
 
 
 def _keeps_normalized_input(strategy: ScaleStrategy, branch: str, accelerator: bool) -> bool:

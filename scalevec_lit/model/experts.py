@@ -192,10 +192,9 @@ class _ScaledExpertMatmul(torch.autograd.Function):
         gy = gy.to(x.dtype).contiguous()  # torch._grouped_mm refuses expanded (stride-0) operands
         dx = dw = dcols = drows = None
         if ctx.needs_input_grad[0]:
-            # the small factor made backward-only, or the compiler's partitioner may keep the effective weight
-            small = [backward_only(t, gy) if t is not None else None for t in (cols, rows)]
-            if small == [None, None]:
-                w = backward_only(w, gy)
+            # the small factors made backward-only, or the compiler's partitioner may keep the effective weight
+            # (this function runs only with cols or rows: scaled_expert_matmul)
+            small = [None if t is None else backward_only(t, gy) for t in (cols, rows)]
             w_eff = effective_expert_weight(w, *small).to(x.dtype)
             dx = expert_matmul(gy, w_eff.transpose(-2, -1), offsets, ctx.mode)
         if any(ctx.needs_input_grad[1:4]):
