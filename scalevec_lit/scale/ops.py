@@ -9,9 +9,10 @@ activation beyond what its neighbours save anyway.
   here).
 
 Both stay autograd functions under ``torch.compile`` too: the plain torch composition in their place under
-compile was measured (benchmarks/compiled.py, 2026-12-04: inductor, dense and MoE smoke shapes) no faster
-within the noise, and ``group_norm_rope``'s made compiled unified save 2 MiB more (1.08× baseline instead
-of 1.06×; ``scaled_linear``'s changed nothing).
+compile was measured (benchmarks/compiled.py, 2026-12-04, before ``backward_only``: inductor, dense and MoE
+smoke shapes) no faster within the noise, and ``group_norm_rope``'s made compiled unified save 2 MiB more
+(1.08× baseline instead of 1.06×; ``scaled_linear``'s changed nothing). Under compile their backwards pass
+what they recompute through ``backward_only``, so the compiler keeps no copy of it (1.003× now).
 
 Second derivatives: ``group_norm_rope`` is twice differentiable inside ``higher_order()`` (its plain
 composition) and refuses ``create_graph=True`` outside it; ``scaled_linear`` always is (``higher_order.py``).
