@@ -17,6 +17,25 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PYTHONHASHSEED", "0")
 
 
+def saved_storages(module, run) -> list[tuple[tuple, int]]:
+    """``(shape, bytes)`` of each distinct storage autograd saves while ``run()`` runs (its first tensor's shape),
+    the parameters and buffers of ``module`` excluded."""
+    import torch
+
+    fixed = {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()]}
+    seen: dict[int, tuple] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in fixed:
+            seen.setdefault(st.data_ptr(), (tuple(t.shape), st.nbytes()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return list(seen.values())
+
+
 def recipe(*parts: str) -> str:
     return str(ROOT / "recipes" / Path(*parts))
 

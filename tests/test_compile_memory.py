@@ -19,7 +19,7 @@ import copy
 import pytest
 import torch
 
-from helpers import ROOT
+from helpers import ROOT, saved_storages
 from scalevec_lit.lit.parallel import ParallelOptions, parallelize
 from scalevec_lit.model import Transformer
 from scalevec_lit.scale import NormSite
@@ -108,19 +108,8 @@ def test_compiled_block_called_on_its_own_keeps_the_normalized_input(strict_dyna
 
 def saved_in_block(model: Transformer, x: torch.Tensor) -> int:
     """Bytes of the distinct storages autograd saves while the (only) block runs, parameters excluded."""
-    fixed = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in fixed:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model.blocks[0](x, model.rope_cos, model.rope_sin)
-    out.sum().backward()
-    return sum(seen.values())
+    run = lambda: model.blocks[0](x, model.rope_cos, model.rope_sin).sum().backward()  # noqa: E731
+    return sum(b for _, b in saved_storages(model, run))
 
 
 def test_inductor_keeps_no_second_copy_of_q_and_k():

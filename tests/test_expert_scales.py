@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from scalevec_lit.model.experts import _grouped_mm_fits, effective_expert_weight, expert_matmul, scaled_expert_matmul
+from helpers import saved_storages
 from scalevec_lit.scale.ops import higher_order
 from test_compile import aot_eager_without_host_reads, strict_dynamo  # noqa: F401
 from test_moe_compile import build
@@ -94,18 +95,7 @@ def test_inside_higher_order_it_is_the_plain_composition():
 
 
 def saved_shapes(moe, x) -> list[tuple[tuple, int]]:
-    fixed = {p.untyped_storage().data_ptr() for p in [*moe.parameters(), *moe.buffers()]}
-    seen: dict[int, tuple] = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in fixed:
-            seen.setdefault(st.data_ptr(), (tuple(t.shape), st.nbytes()))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        moe(x).sum().backward()
-    return list(seen.values())
+    return saved_storages(moe, lambda: moe(x).sum().backward())
 
 
 @pytest.mark.parametrize("scales, preset", [("shared", "baseline"), ("shared", "hg"), ("expert", "dp"),

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import tiny_config
+from helpers import saved_storages, tiny_config
 from scalevec_lit.model import Transformer
 from scalevec_lit.model.config import MoEConfig
 from scalevec_lit.model.rope import rope_tables
@@ -261,19 +261,8 @@ def test_a_dnp_output_scale_on_v_folds_into_the_query_heads_that_read_it():
 # -- what autograd keeps for the backward -----------------------------------------------------------------------
 def _saved_bytes(model: torch.nn.Module, idx: torch.Tensor) -> int:
     """Bytes of the distinct storages autograd saves during one forward (parameters excluded)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    params |= {b.untyped_storage().data_ptr() for b in model.buffers()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in params:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        F.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten()).backward()
-    return sum(seen.values())
+    run = lambda: F.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten()).backward()  # noqa: E731
+    return sum(b for _, b in saved_storages(model, run))
 
 
 def test_unified_saves_no_activation_per_branch_beyond_the_baseline():
