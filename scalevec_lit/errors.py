@@ -20,6 +20,8 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
+from .notices import is_rank_zero, notice  # noqa: F401 - the notices live one level down (stopsignal.py prints them too)
+
 DEBUG_ENV = "SCALEVEC_DEBUG"
 
 
@@ -65,16 +67,6 @@ def debug_enabled(argv: Optional[list[str]] = None) -> bool:
 def strip_debug(argv: list[str]) -> tuple[list[str], bool]:
     """``argv`` without ``--debug``, and whether it (or ``SCALEVEC_DEBUG``) asks for tracebacks."""
     return [a for a in argv if a != "--debug"], debug_enabled(argv)
-
-
-def is_rank_zero() -> bool:
-    return all(os.environ.get(k, "0") == "0" for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID"))
-
-
-def notice(message: str, kind: str = "note") -> None:
-    """One line on stderr (rank zero only): ``note: ...`` or ``warning: ...``."""
-    if is_rank_zero():
-        print(f"{kind}: {message}", file=sys.stderr, flush=True)
 
 
 def exit_code_for(err: BaseException) -> Optional[int]:

@@ -24,6 +24,8 @@ import signal
 import threading
 from typing import Any, Optional
 
+from .notices import notice
+
 SIGNAL_NAMES = ("SIGINT", "SIGTERM", "SIGUSR1")
 STOP_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in SIGNAL_NAMES) if s is not None)
 
@@ -68,8 +70,6 @@ def describe(signum: int) -> str:
 def _handler(signum: int, frame: Any) -> None:
     if _state["phase"] == "finishing" and _state["pending"] is None:
         _state["pending"] = signum
-        from .errors import notice
-
         notice(f"received {name(signum)} after the last training step: finishing the run's last writes, then "
                f"exiting with {128 + signum} (send it again to stop at once)")
         return
