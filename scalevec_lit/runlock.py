@@ -5,7 +5,8 @@
 - the lock file is created atomically (``O_CREAT | O_EXCL``); a lock held by a live process refuses the
   second run with the fix (wait, stop it, or give this run its own folder);
 - a lock left by a dead process on this host (a run killed with SIGKILL, a crashed node's restart on the
-  same host) is stale: it is taken over with a one-line note; a lock from another host cannot be checked
+  same host) is stale, and so is one whose pid the system has since given to another process (the lock
+  records the process's start time, ``proc_start``, which then differs): it is taken over with a one-line note; a lock from another host cannot be checked
   from here, so the message names the host and says to remove the file if that run is gone;
 - a run that does not resume (no ``--ckpt_path``, or a checkpoint outside the folder) into a folder that
   already holds checkpoints of an earlier run is refused: ``--ckpt_path last`` then always resumes the
@@ -44,6 +45,30 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _proc_start(pid: int) -> Optional[str]:
+    """When process ``pid`` started (``<boot id>:<clock ticks since boot>`` from ``/proc``), or ``None`` where
+    ``/proc`` cannot tell (another system, the process is gone): with the pid it names one process, so a pid
+    the system gave to another program after the run ended is not taken for the run."""
+    try:
+        ticks = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]  # field 22: starttime
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except (OSError, IndexError):
+        return None
+    return f"{boot}:{ticks}"
+
+
+def _holder_running(held: dict) -> tuple[bool, str]:
+    """Whether the run that wrote ``held`` still runs, and why not (``""`` when it does)."""
+    pid = int(held.get("pid", -1))
+    if not _alive(pid):
+        return False, f"(pid {held.get('pid')})"
+    recorded, now = held.get("proc_start"), _proc_start(pid)
+    if recorded and now and recorded != now:
+        return False, (f"(pid {pid} now belongs to another process, started after that run: the system reused "
+                       "the number)")
+    return True, ""
+
+
 def _read(lock: Path) -> dict:
     try:
         return json.loads(lock.read_text())
@@ -63,7 +88,7 @@ def acquire_folder(folder: str | Path, key: str = "trainer.default_root_dir") ->
     folder.mkdir(parents=True, exist_ok=True)
     lock = folder / LOCK
     mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": " ".join(sys.argv)[:500]}
+            "command": " ".join(sys.argv)[:500], "proc_start": _proc_start(os.getpid())}
     for _ in range(3):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -78,14 +103,15 @@ def acquire_folder(folder: str | Path, key: str = "trainer.default_root_dir") ->
                     "writes here, which cannot be checked from this host",
                     f"if that run is gone, delete {lock}; otherwise give this run its own folder ({key}=...)",
                 )
-            if held and _alive(int(held.get("pid", -1))):
+            running, gone = _holder_running(held) if held else (False, "")
+            if running:
                 raise RunError(
                     f"checkpoint folder {folder}", "in use",
                     f"another run (pid {held['pid']}, started {held.get('started')}) is writing its checkpoints here",
                     f"wait for it to end or stop it (it saves a checkpoint on Ctrl-C/SIGTERM), or give this run its "
                     f"own folder: --{key}=<another folder> (and another --trainer.logger.init_args.name)",
                 )
-            notice(f"{lock}: taking over the lock of a run that is no longer running (pid {held.get('pid')})")
+            notice(f"{lock}: taking over the lock of a run that is no longer running {gone or '(unreadable lock)'}")
             lock.unlink(missing_ok=True)
             continue
         with os.fdopen(fd, "w") as fh:
