@@ -12,9 +12,10 @@ recorded statistic changes), and logs for each parameter subset in ``params``:
   Hessian of that objective with respect to the subset (the other parameters held fixed), by Lanczos on
   Hessian-vector products;
 - ``sharpness/precond_lambda_max``: for Adam/AdamW, λ_max of ``P^{-1/2} H P^{-1/2}`` with
-  ``P = diag(√v̂ + ε)`` from Adam's current second-moment estimate; ``sharpness/threshold``: the stability
-  threshold it is compared with, ``(2 + 2β₁)/((1 − β₁)η)``; for SGD ``threshold`` is ``(2 + 2μ)/η`` beside
-  the raw ``lambda_max`` (2/η for plain gradient descent); ``sharpness/threshold_ratio``: the
+  ``P = (1 − β₁ᵗ) diag(√v̂ + ε)`` from Adam's current moment estimates (Cohen et al. 2022's definition, with
+  the first moment's bias correction: ``_hessian.preconditioner``); ``sharpness/threshold``: the stability
+  threshold it is compared with, ``(2 + 2β₁)/((1 − β₁)η)``; for SGD ``threshold`` is ``(2 + 2μ)/((1 − δ)η)``
+  (momentum μ, dampening δ) beside the raw ``lambda_max`` (2/η for plain gradient descent); ``sharpness/threshold_ratio``: the
   (preconditioned, for Adam) λ_max over the threshold (1 = the edge of stability). Muon, or any optimizer
   without a known diagonal preconditioner: the raw values only, said once in a warning;
 - ``sharpness/loss``: the objective on the held-out batch; ``sharpness/iterations``: Lanczos steps taken.

@@ -82,13 +82,14 @@ def test_preconditioned_sharpness_equals_a_direct_computation_from_adams_state()
     opt = torch.optim.AdamW(groups, lr=0.01, betas=(0.8, 0.99), eps=1e-6)
     adam_steps(model, idx, opt)
     out = SharpnessMonitor(iterations=80, tol=1e-10).measure(model, idx, opt)
-    # direct: P = diag(sqrt(v / (1 - β2^t)) + eps), each group's η_g / η folded in, λ_max of D H D
+    # direct: P = (1 - β1^t) diag(sqrt(v / (1 - β2^t)) + eps), each group's η_g / η folded in, λ_max of D H D
     d = []
     for p in model.parameters():
         group = next(g for g in opt.param_groups if any(q is p for q in g["params"]))
         st = opt.state[p]
         v_hat = st["exp_avg_sq"] / (1 - 0.99 ** float(st["step"]))
-        d.append(((group["lr"] / 0.01) / (v_hat.sqrt() + 1e-6)).sqrt().flatten())
+        bias1 = 1 - 0.8 ** float(st["step"])
+        d.append(((group["lr"] / 0.01) / (bias1 * (v_hat.sqrt() + 1e-6))).sqrt().flatten())
     d = torch.cat(d)
     direct = torch.linalg.eigvalsh(d[:, None] * dense_hessian(model, idx) * d[None, :])[-1].item()
     assert close(out["sharpness/precond_lambda_max"], direct)
