@@ -1,5 +1,5 @@
-"""The output folder of a command that writes one (``prepare``, ``export``, ``import``, ``convert``): which
-files it owns, and writing them all or nothing.
+"""The output folder of a command that writes one (``prepare``, ``export``, ``import``, ``convert``,
+``inspect``; ``evaluate``'s files through ``outfile.py``): which files it owns, and writing them all or nothing.
 
 ``with output_folder(out, command="export", key="--out", inputs=[("--ckpt", ckpt)], overwrite=...) as tmp:``
 the command writes everything into ``tmp``; when the block ends without an error the new files take the
@@ -9,8 +9,9 @@ place of the old ones, otherwise ``out`` is left exactly as it was. The rules:
 - ``out`` must be new, empty, or hold an earlier output of the same kind of command, listed in its manifest
   ``.scalevec_manifest.json`` (the command and every top-level entry it wrote). ``prepare`` owns prepared
   data (and reads the ``.prepare_manifest.json`` of older versions as its manifest); ``export``, ``import``
-  and ``convert`` own model folders, each other's included. A folder holding anything else without such a
-  manifest is refused, naming the files; replacing an earlier output needs ``overwrite``;
+  and ``convert`` own model folders, each other's included; ``inspect`` owns its tables and figures. A folder
+  holding anything else without such a manifest is refused, naming the files, and so is one whose manifest is
+  damaged (which files are whose cannot be told); replacing an earlier output needs ``overwrite``;
 - everything is written into a temporary sibling ``.<name>.tmp-<pid>`` (same file system). On success the
   entries the old manifest lists are removed and the new ones moved in: the whole folder is renamed into
   place when ``out`` did not exist or held only the command's own files, otherwise entry by entry, so that
@@ -39,7 +40,8 @@ MANIFEST = ".scalevec_manifest.json"
 LEGACY_MANIFESTS = {".prepare_manifest.json": ("prepare", ("train", "val", "meta.json", ".prepare_manifest.json"))}
 MODEL_COMMANDS = ("export", "import", "convert")
 #: which earlier outputs a command may replace (with --overwrite)
-OWNERS = {"prepare": ("prepare",), **{c: MODEL_COMMANDS for c in MODEL_COMMANDS}}
+OWNERS = {"prepare": ("prepare",), **{c: MODEL_COMMANDS for c in MODEL_COMMANDS}, "inspect": ("inspect",),
+          "evaluate": ("evaluate",)}
 SHOWN = 5  # names listed in a message
 
 
@@ -80,20 +82,30 @@ class Holding:
         return self.ours - {MANIFEST, *LEGACY_MANIFESTS}
 
 
+class DamagedManifest(Exception):
+    """A manifest that is there but cannot be read: which files are whose cannot be told."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: {reason}")
+
+
 def _read_manifest(folder: Path) -> tuple[Optional[str], set[str]]:
-    """``(command, entries it wrote)`` from the folder's manifest; ``(None, set())`` when it has none."""
+    """``(command, entries it wrote)`` from the folder's manifest; ``(None, set())`` when it has none;
+    ``DamagedManifest`` when one is there but unreadable (not JSON, not our layout)."""
     for name, (command, default) in [(MANIFEST, (None, ())), *LEGACY_MANIFESTS.items()]:
         path = folder / name
         if not path.is_file():
             continue
         try:
             data = json.loads(path.read_text())
-            files = data.get("files", data.get("writes", default)) if isinstance(data, dict) else None
-            command = data.get("command", command)
-        except (OSError, ValueError, AttributeError):
-            continue  # unreadable: not a manifest of ours, so the folder's files are not ours either
+        except (OSError, ValueError) as err:
+            raise DamagedManifest(path, f"{type(err).__name__}: {str(err)[:120]}") from None
+        files = data.get("files", data.get("writes", default)) if isinstance(data, dict) else None
+        command = data.get("command", command) if isinstance(data, dict) else None
         if isinstance(command, str) and isinstance(files, list) and all(isinstance(f, str) for f in files):
             return command, {f for f in files if f and "/" not in f and f not in (".", "..")} | {name}
+        raise DamagedManifest(path, "it does not list a command and its files")
     return None, set()
 
 
@@ -129,7 +141,13 @@ class OutputFolder:
             return Holding()
         if not self.real.is_dir():
             raise self._error("is a file, not a folder", "give a new or empty folder")
-        held = inspect(self.real, self.command, ignore=self.tmp)
+        try:
+            held = inspect(self.real, self.command, ignore=self.tmp)
+        except DamagedManifest as err:
+            raise self._error(
+                f"its manifest {err.path.name} is damaged ({err.reason}), so which files here {self.command} wrote "
+                "cannot be told", f"restore {err.path.name} (e.g. from a backup), or move the files you want to keep "
+                "out of the folder and delete it, or choose another folder") from None
         if held.command is None and held.foreign:
             whose = f"the output of {held.other}, which {self.command} does not replace" if held.other else \
                 f"files that {self.command} did not write"

@@ -308,7 +308,7 @@ def test_bad_input_names_the_argument_and_the_fix(tmp_path):
          "or corrupt"),
         ([str(tmp_path / "empty")], 2, f"PATH: {str(tmp_path / 'empty')!r}: is a folder without .metadata"),
         ([ckpt, "--out", str(tmp_path / "notes.txt")], 2, f"--out: {str(tmp_path / 'notes.txt')!r}: is a file, not a "
-         "folder; give a new or existing folder"),
+         "folder; give a new or empty folder"),
         ([ckpt, "--out", str(tmp_path)], 2, f"--out: {str(tmp_path)!r}: contains the input {ckpt!r} (PATH)"),
         ([ckpt, "--compare", deeper], 2, f"--compare: {deeper!r}: has 3 layers and PATH {ckpt!r} has 2: the two cannot "
          "be aligned layer by layer; compare two checkpoints of the same architecture (e.g. two strategies, or one run "

@@ -2,7 +2,8 @@
 [--out FILE]``: lm-eval's tasks on a native checkpoint or a Hugging Face folder, without exporting it.
 
 Prints lm-eval's table and writes its results JSON (``--out``; ``--log_samples`` adds one JSON Lines file of
-sample records per task beside it). ``--include_path DIR`` adds a folder of your own task YAML files (a
+sample records per task beside it), all or nothing, never over a file evaluate did not write; ``--overwrite``
+replaces an earlier output (``scalevec_lit/outfile.py``). ``--include_path DIR`` adds a folder of your own task YAML files (a
 ``dataset_path: json`` task reads local files: nothing is downloaded). Task names, ``--limit`` (a count, or a
 fraction of each task below 1), ``--num_fewshot`` and the seeds follow lm-eval's conventions.
 """
@@ -36,7 +37,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="tokens generate_until may produce when a task does not say (default 256)")
     p.add_argument("--include_path", action="append", default=None,
                    help="a folder of your own task YAML files (may be given more than once)")
-    p.add_argument("--out", default=None, help="results JSON to write (lm-eval's layout)")
+    p.add_argument("--out", default=None, help="results JSON to write (lm-eval's layout); never replaces a file "
+                   "evaluate did not write (its manifest .<name>.scalevec_manifest.json lists what it wrote)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier output of evaluate at --out (removes only the files its manifest lists)")
     p.add_argument("--log_samples", action="store_true",
                    help="with --out: also write each task's sample records (<out stem>_samples_<task>.jsonl)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the checkpoint's own)")
@@ -67,6 +71,23 @@ def _check(args) -> None:
     if args.out and Path(args.out).is_dir():
         raise UserError("--out", args.out, "is a folder", "give the path of the results JSON file, e.g. "
                         f"{Path(args.out) / 'results.json'}")
+    if args.overwrite and not args.out:
+        raise UserError("--overwrite", "given", "needs --out (it replaces an earlier results file)",
+                        "add --out results.json")
+
+
+def _claim(args, tasks: list[str]):
+    """The output files, checked before the model is read (``outfile.py``): ``None`` without ``--out``."""
+    if not args.out:
+        return None
+    from ..outfile import OutputFile
+
+    out = Path(args.out)
+    samples = [f"{out.stem}_samples_{t}.jsonl" for t in tasks] if args.log_samples else []
+    inputs = [("--ckpt_path", args.ckpt_path), ("--tokenizer", args.tokenizer),
+              *(("--include_path", d) for d in args.include_path or [])]
+    return OutputFile(out, command="evaluate", key="--out", inputs=inputs, overwrite=args.overwrite,
+                      companions=samples)
 
 
 def _device(name: str) -> torch.device:
@@ -80,14 +101,27 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = _parser().parse_args(argv)
     _check(args)
     require_lm_eval()
-    from ..generate import DTYPES, _cast_parameters_
-    from .harness import metrics, run_tasks, split_tasks, table, task_manager, write_results
-    from .lm import ScaleVecLM
-    from .load import load_for_evaluation
+    from .harness import split_tasks, task_manager
 
     tasks = split_tasks(args.tasks)
     device = _device(args.device)
     manager = task_manager(tasks, args.include_path)  # names checked before the model is read
+    claim = _claim(args, tasks)
+    tmp = claim.begin() if claim is not None else None  # refused before the long run, written all or nothing
+    try:
+        _evaluate(args, tasks, device, manager, claim, tmp)
+    except BaseException:
+        if claim is not None:
+            claim.abandon()
+        raise
+
+
+def _evaluate(args, tasks, device, manager, claim, tmp) -> None:
+    from ..generate import DTYPES, _cast_parameters_
+    from .harness import metrics, run_tasks, table, write_results
+    from .lm import ScaleVecLM
+    from .load import load_for_evaluation
+
     model, tok, note = load_for_evaluation(args.ckpt_path, args.tokenizer)
     print(note, file=sys.stderr)
     model.to(device)
@@ -101,8 +135,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                         bootstrap_iters=args.bootstrap_iters)
     results.setdefault("config", {})["model"] = str(args.ckpt_path)
     print(table(results))
-    if args.out:
-        files = write_results(results, args.out)
-        print(f"wrote {', '.join(str(f) for f in files)}", file=sys.stderr)
+    if claim is not None:
+        names = [f.name for f in write_results(results, tmp / Path(args.out).name)]
+        claim.commit()
+        print(f"wrote {', '.join(str(Path(args.out).with_name(n)) for n in names)}", file=sys.stderr)
     flat = metrics(results)
     print("; ".join(f"{k} {v:.4f}" for k, v in flat.items()), file=sys.stderr)

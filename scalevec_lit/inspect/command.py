@@ -1,7 +1,9 @@
 """``python -m scalevec_lit inspect PATH [--compare OTHER] [--out DIR]``: the scale vectors of a checkpoint or
 a Hugging Face model, per layer, site, branch and role, with their statistics, the conserved quantity of the
 input-role ones and how each would fold; a table per role on the terminal; with ``--out`` a CSV and a JSON
-of every row and PNG figures (``figures.py``). ``--compare`` puts a second model beside the first.
+of every row and PNG figures (``figures.py``), written all or nothing into a new folder or over an earlier
+output of inspect (``--overwrite``), never over files it did not write (``scalevec_lit/outdir.py``).
+``--compare`` puts a second model beside the first.
 """
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ import argparse
 from pathlib import Path
 from typing import Any, Optional
 
-from scalevec_lit.errors import UserError
 
 from .compare import align, check_comparable, compare_tables, pair_record
 from .load import Loaded, load, summary_line
@@ -26,7 +27,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", metavar="OTHER", default=None, help="a second model of the same depth, shown beside "
                    "PATH (deltas are OTHER − PATH)")
     p.add_argument("--out", metavar="DIR", default=None, help="write scales.csv / scales.json (compare.csv / "
-                   "compare.json with --compare) and PNG figures into this folder")
+                   "compare.json with --compare) and PNG figures into this folder (new, empty, or an earlier "
+                   "output of inspect with --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier output of inspect in --out (removes "
+                   "only the files its manifest lists)")
     return p
 
 
@@ -34,19 +38,27 @@ def _source(loaded: Loaded) -> dict[str, Any]:
     return {"path": loaded.path, "kind": loaded.kind, "strategy": loaded.strategy, "n_layer": loaded.n_layer}
 
 
-def _check_out(out: Path, inputs: list[tuple[str, str]]) -> None:
-    from scalevec_lit.outdir import refuse_overlap
-
-    if out.exists() and not out.is_dir():
-        raise UserError("--out", repr(str(out)), "is a file, not a folder", "give a new or existing folder")
-    refuse_overlap(out, inputs, "--out", "inspect")
-
-
-def inspect(path: str, compare: Optional[str] = None, out: Optional[str] = None) -> tuple[str, list[str]]:
-    """Run the command; returns ``(text printed, files written under out)``."""
+def inspect(path: str, compare: Optional[str] = None, out: Optional[str] = None,
+            overwrite: bool = False) -> tuple[str, list[str]]:
+    """Run the command; returns ``(text printed, files written under out)``. ``out`` is written all or nothing
+    through the output-folder rule of the other commands (``scalevec_lit/outdir.py``)."""
     inputs = [("PATH", path)] + ([("--compare", compare)] if compare else [])
-    if out is not None:
-        _check_out(Path(out), inputs)  # before the long read
+    if out is None:
+        return _inspect(path, compare, None)[0], []
+    from scalevec_lit.outdir import OutputFolder
+
+    claim = OutputFolder(out, command="inspect", key="--out", inputs=inputs, overwrite=overwrite)
+    tmp = claim.begin()  # refused before the long read
+    try:
+        text, written = _inspect(path, compare, tmp)
+        claim.commit()
+    except BaseException:
+        claim.abandon()
+        raise
+    return text, written
+
+
+def _inspect(path: str, compare: Optional[str], out: Optional[Path]) -> tuple[str, list[str]]:
     a = load(path, "PATH")
     b = load(compare, "--compare") if compare else None
     if b is not None:
@@ -60,8 +72,7 @@ def inspect(path: str, compare: Optional[str] = None, out: Optional[str] = None)
         text = f"A: {summary_line(a)}\nB: {summary_line(b)}\n\n{compare_tables(pairs, a, b)}"
     written: list[str] = []
     if out is not None:
-        folder = Path(out)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = out
         if b is None:
             records = [row_record(r) for r in rows_a]
             write_csv(folder / "scales.csv", records)
@@ -83,7 +94,7 @@ def inspect(path: str, compare: Optional[str] = None, out: Optional[str] = None)
 
 def main(argv: Optional[list[str]] = None) -> None:
     args = _parser().parse_args(argv)
-    text, written = inspect(args.path, args.compare, args.out)
+    text, written = inspect(args.path, args.compare, args.out, args.overwrite)
     print(text)
     if written:
         print(f"\nwrote {args.out}: {', '.join(written)}")

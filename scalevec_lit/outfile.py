@@ -1,0 +1,177 @@
+"""The output files of a command that writes files, not a folder (``evaluate --out FILE`` and the
+``--log_samples`` files beside it): the rule of ``outdir.py`` for a file and its companions.
+
+``with output_file(out, command="evaluate", key="--out", inputs=[("--ckpt_path", ckpt)], overwrite=...) as tmp:``
+the command writes ``tmp / out.name`` and any companion files (``<stem>_samples_<task>.jsonl``) into ``tmp``;
+when the block ends without an error they take the place of the old ones beside ``out``; otherwise nothing
+beside ``out`` changes. The rules:
+
+- ``out`` must not be one of the inputs, be inside one or contain one;
+- the files a run wrote are listed in a manifest beside them, ``.<name>.scalevec_manifest.json`` (the
+  command and the files). ``out`` must be new or listed there; a file in ``out``'s place that the manifest
+  does not list (your own file, an output of another version) is refused, naming it, even with
+  ``overwrite``. So is a file that a new companion would replace. A damaged manifest is refused as such;
+- replacing an earlier output needs ``overwrite``; then the files the old manifest lists are removed and the
+  new ones moved in. The folder's other files are never touched;
+- everything is written first into a temporary sibling folder ``.<name>.tmp-<pid>`` and moved in only when
+  complete; on any error (``KeyboardInterrupt`` included) it is removed, with the parent folders this call
+  created, and the old files are back in place.
+
+Plain Python: must not import torch or Lightning.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
+
+from .errors import UserError
+from .outdir import MANIFEST, DamagedManifest, _names, refuse_overlap
+
+
+def manifest_of(out: Path) -> Path:
+    """The manifest beside the output file ``out``."""
+    return out.parent / f".{out.name}{MANIFEST}"
+
+
+def _listed(out: Path) -> tuple[Optional[str], set[str]]:
+    """``(command, files it wrote)`` from ``out``'s manifest; ``(None, set())`` when there is none."""
+    path = manifest_of(out)
+    if not path.is_file():
+        return None, set()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise DamagedManifest(path, f"{type(err).__name__}: {str(err)[:120]}") from None
+    files = data.get("files") if isinstance(data, dict) else None
+    command = data.get("command") if isinstance(data, dict) else None
+    if not (isinstance(command, str) and isinstance(files, list) and all(isinstance(f, str) for f in files)):
+        raise DamagedManifest(path, "it does not list a command and its files")
+    return command, {f for f in files if f and "/" not in f and f not in (".", "..")}
+
+
+class OutputFile:
+    """One command's claim on its output file and the companions beside it (module docstring)."""
+
+    def __init__(self, out: str | Path, *, command: str, key: str = "--out",
+                 inputs: Iterable[tuple[str, str | Path]] = (), overwrite: bool = False,
+                 companions: Iterable[str] = ()) -> None:
+        self.out, self.command, self.key, self.overwrite = Path(out), command, key, overwrite
+        self.inputs = [(k, p) for k, p in inputs if p is not None]
+        self.real = self.out.resolve()
+        self.companions = sorted(set(companions))  # names expected beside out, checked before the work starts
+        self.tmp: Optional[Path] = None
+        self.created: list[Path] = []
+
+    def _error(self, problem: str, fix: str) -> UserError:
+        return UserError(self.key, repr(str(self.out)), problem, fix)
+
+    def check(self) -> set[str]:
+        """Refuse what this command may not write; returns the names of its earlier files beside ``out``."""
+        refuse_overlap(self.out, self.inputs, self.key, self.command)
+        if self.real.is_dir():
+            raise self._error("is a folder", f"give the path of a file, e.g. {self.out / 'results.json'}")
+        try:
+            owner, listed = _listed(self.real)
+        except DamagedManifest as err:
+            raise self._error(f"its manifest {err.path} is damaged ({err.reason}), so whether {self.command} wrote "
+                              "the files beside it cannot be told", f"restore or delete {err.path} (after moving "
+                              "the files you want to keep), or choose another --out") from None
+        ours = {n for n in listed if (self.real.parent / n).exists()} if owner == self.command else set()
+        if self.real.exists() and self.real.name not in ours:
+            raise self._error(f"is a file that {self.command} did not write" + (f" (its manifest is {owner}'s)" if
+                              owner else ""), f"choose a new file ({self.command} never replaces a file it did not "
+                              f"write; it owns only what {manifest_of(self.out).name} lists)")
+        if ours and not self.overwrite:
+            raise UserError(self.key, f"{str(self.out)!r} exists", f"it holds an earlier output of {self.command} "
+                            f"({_names(ours)})", "pass --overwrite to replace it (only the files its manifest "
+                            f"{manifest_of(self.out).name} lists are removed) or choose another file")
+        self._refuse_clash(self.companions, ours)
+        return ours
+
+    def _refuse_clash(self, names: Iterable[str], ours: set[str]) -> None:
+        clash = sorted(n for n in names if (self.real.parent / n).exists() and n not in ours)
+        if clash:
+            raise self._error(f"a file beside it, {_names(clash)}, was not written by {self.command} and would have "
+                              "to be replaced", "move it away or choose another --out")
+
+    def begin(self) -> Path:
+        """Check, then make the temporary sibling folder (and the missing parent folders)."""
+        self.check()
+        try:
+            missing = [p for p in [self.real.parent, *self.real.parent.parents] if not p.exists()]
+            for parent in reversed(missing):
+                parent.mkdir()
+                self.created.append(parent)
+            base = self.real.parent / f".{self.real.name}.tmp-{os.getpid()}"
+            path, n = base, 1
+            while path.exists() or path.is_symlink():
+                n += 1
+                path = base.with_name(f"{base.name}-{n}")
+            path.mkdir()
+            self.tmp = path
+        except BaseException:
+            self.abandon()
+            raise
+        return self.tmp
+
+    def commit(self) -> list[str]:
+        """Move the new files in place of the old ones; returns the names written (the manifest last)."""
+        assert self.tmp is not None
+        ours = self.check()  # again: another process may have written there in the meantime
+        new = sorted(p.name for p in self.tmp.iterdir())
+        self._refuse_clash(new, ours)
+        manifest = manifest_of(self.real)
+        (self.tmp / manifest.name).write_text(json.dumps(
+            {"command": self.command, "files": new, "note": f"written by scalevec_lit {self.command}; a later "
+             f"{self.command} --overwrite of {self.real.name} removes exactly these files and nothing else"}, indent=2))
+        trash = self.tmp.with_name(self.tmp.name.replace(".tmp-", ".old-", 1))
+        old = sorted(ours | ({manifest.name} if manifest.exists() else set()))
+        moved_old, moved_new = [], []
+        try:
+            trash.mkdir()
+            for name in old:
+                os.rename(self.real.parent / name, trash / name)
+                moved_old.append(name)
+            for name in [*new, manifest.name]:
+                os.rename(self.tmp / name, self.real.parent / name)
+                moved_new.append(name)
+        except BaseException:
+            for name in reversed(moved_new):
+                os.rename(self.real.parent / name, self.tmp / name)
+            for name in reversed(moved_old):
+                os.rename(trash / name, self.real.parent / name)
+            shutil.rmtree(trash, ignore_errors=True)
+            raise
+        shutil.rmtree(trash, ignore_errors=True)
+        self.tmp.rmdir()
+        self.tmp = None
+        return [*new, manifest.name]
+
+    def abandon(self) -> None:
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+        for parent in reversed(self.created):
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+        self.created = []
+
+
+@contextmanager
+def output_file(out: str | Path, *, command: str, key: str = "--out", inputs: Iterable[tuple[str, str | Path]] = (),
+                overwrite: bool = False, companions: Iterable[str] = ()) -> Iterator[Path]:
+    """Write ``out`` and its companions all or nothing: yields the temporary folder to write them into."""
+    claim = OutputFile(out, command=command, key=key, inputs=inputs, overwrite=overwrite, companions=companions)
+    tmp = claim.begin()
+    try:
+        yield tmp
+        claim.commit()
+    except BaseException:
+        claim.abandon()
+        raise
