@@ -28,6 +28,7 @@ from .events import read_scalars, run_endpoint
 from .figures import plot_dynamics, plot_lr_sweep, plot_paired, plot_sharpness, plot_val
 from .runner import now
 from .downstream import report_section as downstream_section
+from .regime import regime_detail, study_regime
 from .secondary import report_section as secondary_section
 from .spec import DONE, VAL_TAG, Run, Study, fmt_lr, load_study
 
@@ -141,7 +142,8 @@ def stats_head(alpha: float) -> str:
 STATS_RULE = "|---|---|---|---|---|---|---|"
 
 
-def _data_line(study: Study, meta: dict) -> str:
+def _data_dir(study: Study, meta: dict) -> Optional[str]:
+    """The prepared data folder of the runs: ``study run --data``, the study's args, or the base recipe's."""
     data_dir = meta.get("data_dir")
     for a in study.args if data_dir is None else []:
         if a.startswith("--data.data_dir="):
@@ -152,6 +154,11 @@ def _data_line(study: Study, meta: dict) -> str:
                 data_dir = ((yaml.safe_load(Path(recipe).read_text()) or {}).get("data") or {}).get("data_dir", data_dir)
             except OSError:
                 pass
+    return data_dir
+
+
+def _data_line(study: Study, meta: dict) -> str:
+    data_dir = _data_dir(study, meta)
     if not data_dir:
         return "Data: n/a."
     meta_path = Path(data_dir) / "meta.json"
@@ -196,9 +203,11 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
                    if d.get("last_train_step") is not None and not d.get("diverged"))
     n_div = sum(1 for d in runs.values() if d.get("diverged"))
     expected = len(study.runs()) if study.variants else len(runs)
+    regime = study_regime(runs, base, _data_dir(study, meta))
     L = [f"# Study `{title}`: report", "",
          f"Generated {now()} by `python -m scalevec_lit study report {out}` (the tables and figures are "
-         "computed from the runs; the discussion at the end is hand-written).", ""]
+         "computed from the runs; the discussion at the end is hand-written).", "",
+         regime["line"] + ".", ""]
     if study.description:
         L += [study.description.strip(), ""]
     L += ["## How it was run", ""]
@@ -212,6 +221,7 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
           f"finished between {finished[0]} and {finished[-1]}; sum of run wall times {sum(walls) / 60:.1f} min.",
           f"- Base recipe(s): {', '.join(f'`{b}`' for b in study.base) or 'n/a'}; shared args: `{' '.join(study.args)}`.",
           f"- {_data_line(study, meta)}",
+          f"- {regime_detail(regime, base)}",
           f"- Training tokens per run (last logged `train/tokens`): {', '.join(f'{t:,}' for t in tokens) or 'n/a'}.",
           f"- Endpoint: mean of the last {study.endpoint_evals} validation losses, logged at 0-based steps "
           f"{', '.join(str(list(s)) for s in end_steps) or 'n/a'}; last evaluation at the final step in every "

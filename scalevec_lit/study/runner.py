@@ -30,6 +30,7 @@ import yaml
 from ..stopsignal import StopSignal
 from .events import collect_done, endpoint, read_scalars, run_endpoint
 from .spec import CKPT_DIR, DONE, VAL_TAG, Run, Study, fit_command, fmt_lr, run_callbacks, run_dir
+from .regime import params_from_log, trained_tokens
 from .secondary import endpoints_of, power_line
 from .stats import best_lr
 
@@ -142,10 +143,13 @@ def _finish(study: Study, run: Run, root: Path, rc: int, t0: float, provenance: 
     end = endpoint(val, study.endpoint_evals)
     train_steps = [s for s, _ in logged.get("train/loss", [])]
     tokens = [v for _, v in logged.get("train/tokens", [])]
+    last_train_step = max(train_steps) if train_steps else None
     done = {"variant": run.variant, "seed": run.seed, "lr": run.lr, "final_val_loss": loss, "final_step": step,
             "endpoint": end["value"], "endpoint_steps": end["steps"], "val": val,
-            "last_train_step": max(train_steps) if train_steps else None,
+            "last_train_step": last_train_step,
             "train_tokens": int(tokens[-1]) if tokens else None,
+            "trained_tokens": trained_tokens(logged.get("train/tokens", []), last_train_step),
+            "params": params_from_log(root),
             "wall_s_last_attempt": round(time.time() - t0, 1), "finished": now(), "code": provenance,
             "command": (root / "cmd.txt").read_text().strip()}
     secondary = endpoints_of(root, study)

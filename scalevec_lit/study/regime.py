@@ -1,0 +1,112 @@
+"""The training regime of a study, on one line: ``Regime: N tokens per parameter, E epochs over the training
+text``.
+
+- N = tokens trained per run / the model's parameters (all of them, embeddings included; for an MoE model the
+  total, not the active count);
+- E = tokens trained per run / the training tokens of the prepared data (``tokens.train`` of its
+  ``meta.json``).
+
+The numbers come from what a run records: the parameter count that ``fit`` prints at its start
+(``parameters: 1,838,208 total, ...``, read from the run's ``log.txt`` into ``done.json`` as ``params``), the
+tokens trained (steps × global batch × sequence length: the last logged ``train/tokens`` per step times the
+steps trained, ``done.json``'s ``trained_tokens``) and the data folder's ``meta.json``. ``regime_line`` formats
+the numbers, ``study_regime`` takes them from a study's complete runs (the reference variant's).
+
+Plain Python, like the rest of ``study/``.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Optional
+
+PARAMS_RE = re.compile(r"parameters: ([\d,]+) total")
+
+
+def _num(x: float) -> str:
+    """2 significant digits below 10 (0.22, 0.84, 1.6), whole numbers above (20, 1,250)."""
+    return f"{x:,.0f}" if x >= 10 else f"{x:.2g}"
+
+
+def regime_line(tokens: Optional[float], params: Optional[int], train_tokens: Optional[int]) -> str:
+    """``Regime: N tokens per parameter, E epochs over the training text`` (``n/a`` for an unknown number)."""
+    n = _num(tokens / params) if tokens and params else "n/a"
+    e = _num(tokens / train_tokens) if tokens and train_tokens else "n/a"
+    return f"Regime: {n} tokens per parameter, {e} epochs over the training text"
+
+
+def params_from_log(root: Path) -> Optional[int]:
+    """The parameter count the run's last attempt printed at its start (``None`` when its log has none)."""
+    try:
+        text = (Path(root) / "log.txt").read_text(errors="replace")
+    except OSError:
+        return None
+    found = PARAMS_RE.findall(text)
+    return int(found[-1].replace(",", "")) if found else None
+
+
+def trained_tokens(logged_tokens: list[tuple[int, float]], last_step: Optional[int]) -> Optional[int]:
+    """Tokens trained by a run: the tokens per step of the last logged ``train/tokens`` (at 0-based step s,
+    after s + 1 steps) times the steps trained (``last_step`` + 1, 0-based)."""
+    if not logged_tokens:
+        return None
+    step, tokens = logged_tokens[-1]
+    if last_step is None or last_step == step:
+        return int(round(tokens))
+    return int(round(tokens / (step + 1) * (last_step + 1)))
+
+
+def data_train_tokens(data_dir: Optional[str]) -> Optional[int]:
+    """``tokens.train`` of a prepared data folder's ``meta.json`` (``None`` when it is not there)."""
+    if not data_dir:
+        return None
+    try:
+        meta = json.loads((Path(data_dir) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    train = (meta.get("tokens") or {}).get("train")
+    return int(train) if train else None
+
+
+def study_regime(runs: dict, reference: str, data_dir: Optional[str]) -> dict:
+    """The regime of a study's complete runs ``{Run: done}``: the reference variant's parameters and tokens per
+    run (any variant's when the reference has none), the other variants' parameter range, the data's training
+    tokens, and ``line``."""
+    def of(key: str, variant: Optional[str]) -> list:
+        vals = []
+        for r, d in runs.items():
+            if variant is not None and r.variant != variant:
+                continue
+            v = d.get(key)
+            if v is None and key == "params" and d.get("root"):
+                v = params_from_log(d["root"])
+            if v is None and key == "trained_tokens":
+                v = d.get("train_tokens")  # runs made before trained_tokens was recorded: the last logged count
+            if v:
+                vals.append(int(v))
+        return vals
+
+    params = of("params", reference) or of("params", None)
+    tokens = of("trained_tokens", reference) or of("trained_tokens", None)
+    all_params = of("params", None)
+    p = max(set(params), key=params.count) if params else None
+    t = max(set(tokens), key=tokens.count) if tokens else None
+    train = data_train_tokens(data_dir)
+    return {"params": p, "params_range": (min(all_params), max(all_params)) if all_params else None,
+            "tokens": t, "tokens_range": sorted(set(of("trained_tokens", None))), "train_tokens": train,
+            "data_dir": data_dir, "line": regime_line(t, p, train)}
+
+
+def regime_detail(r: dict, reference: str) -> str:
+    """One bullet: where the regime's numbers come from."""
+    params = f"{r['params']:,} parameters of `{reference}`" if r["params"] else "parameters not recorded by these runs"
+    if r["params_range"] and r["params_range"][0] != r["params_range"][1]:
+        params += f" (variants: {r['params_range'][0]:,}–{r['params_range'][1]:,})"
+    tokens = (f"{r['tokens']:,} tokens trained per run (steps × global batch × sequence length)" if r["tokens"]
+              else "tokens per run not recorded")
+    if len(r["tokens_range"]) > 1:
+        tokens += f" (runs differ: {', '.join(f'{t:,}' for t in r['tokens_range'])})"
+    data = (f"{r['train_tokens']:,} training tokens in `{r['data_dir']}` (its meta.json)" if r["train_tokens"]
+            else "the data's training tokens unknown (meta.json not found)")
+    return f"{r['line']}: {tokens}; {params}; {data}."
