@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from scalevec_lit.scale.sites import INPUT, Consumer, layer_label
+from scalevec_lit.scale.strategy import normalizes
 from scalevec_lit.scale.vector import ScaleVector
 
 from ._monitor_reduce import _is_dtensor, full_tensor, tensor_statistics
@@ -19,6 +20,10 @@ STATS = ("mean", "std", "min", "max")
 #: parameters is reported as invisible to the loss (a β in front of a per-head norm measures ~3e-6 of it on a
 #: tiny model, eps's trace; the smallest real one ~7e-4)
 INVISIBLE_GRAD = 1e-4
+#: optimizer steps after the first at which a scale parameter without gradient is looked at again before it
+#: is reported: a parameter can have none at the start only (γ = 1 + U·v with v = 0 gives U its first gradient
+#: at the second step, once v has moved)
+RECHECK_STEPS = 2
 
 
 @torch.no_grad()
@@ -114,6 +119,23 @@ def invisible_scales(params: list) -> list[str]:
     if not top > 0.0:
         return []
     return [sp.name for sp, g in zip(with_grad, peak.tolist()) if g <= INVISIBLE_GRAD * top]
+
+
+def size_divided_out(sp) -> bool:
+    """True when the strategy itself makes ``sp`` (a ``ScaleParam``) invisible to the loss: it is the magnitude
+    part (γ's size, ``ScaleVector.parts``) of a vector that has a separate magnitude (``without_magnitude()``)
+    and whose every consumer branch normalizes its output (``dual_norm``: the per-head RMS divides γ's size
+    out; ``ScaleStrategy.magnitude_before_norm``). Any other parameter without gradient has no invariance the
+    strategy names."""
+    if sp.info.part != "magnitude" or sp.vector.without_magnitude() is None:
+        return False
+    site = sp.site
+    for scale in (site.input_scales() if hasattr(site, "input_scales") else ()):
+        if scale.vector is sp.vector:
+            placement = getattr(site, "placement", {})
+            return bool(scale.branches) and scale.expert is None and all(
+                b in placement and normalizes(placement[b]) for b in scale.branches)
+    return False
 
 
 # -- the effective step of the merged columns (issue 27, item 2) --------------------------------------------

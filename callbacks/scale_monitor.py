@@ -23,9 +23,12 @@ smallest eigenvalue of ``η P_j``, ``P_j = γ_j² I + w_j w_jᵀ``: docs/PAPER.m
 the monitor copies the consumer weights once at the step before each log (one copy of those weights,
 freed at the log; none on other steps). Off by default: ``step_size: true``.
 
-At the first optimizer step it looks at the scale parameters' gradients once and warns, in one line, about
-any the loss cannot see (zero gradient, or below 1e-4 of the largest scale gradient: ``invisible_scales``),
-such as a magnitude in front of a per-head norm (``model.strategy.magnitude_before_norm``).
+At the first optimizer step it looks at the scale parameters' gradients, and looks again at the next
+``RECHECK_STEPS`` steps at those that had none (zero, or below 1e-4 of the largest scale gradient:
+``invisible_scales``): a parameter can lack a gradient at the start only (γ = 1 + U·v with v = 0 at
+initialisation: U gets one once v moves). Those still without one are named in one line: as an invariance
+only where the strategy has one (a magnitude in front of a per-head norm, ``size_divided_out``; the fix
+``model.strategy.magnitude_before_norm: false``), otherwise as parameters the loss did not depend on.
 
 Sharded parameters (FSDP2 DTensors) are handled: statistics are computed on each rank's local shard and
 combined with one ``all_gather`` of a packed (sum, sum of squares, min, max, count) tensor per process
@@ -58,8 +61,8 @@ from scalevec_lit.scale.vector import ScaleVector
 
 from ._monitor_figures import HeatmapFigure
 from ._monitor_reduce import consumer_sq_norms, full_tensor, tensor_statistics
-from ._monitor_stats import (STATS, column_steps, conserved_quantity, effective_gamma, heatmap_data, invisible_scales,
-                             same_values, snapshot_columns)
+from ._monitor_stats import (RECHECK_STEPS, STATS, column_steps, conserved_quantity, effective_gamma, heatmap_data,
+                             invisible_scales, same_values, size_divided_out, snapshot_columns)
 
 __all__ = ["ScaleVectorMonitor", "ScaleSnapshot"]
 
@@ -121,6 +124,8 @@ class ScaleVectorMonitor(Callback):
         self._figures: dict[str, Any] = {}
         self._warned = False
         self._grads_checked = False
+        self._grad_checks = 0  # optimizer steps whose gradients were looked at (this fit)
+        self._no_grad: list[str] = []  # scale parameters without gradient at every one of them
 
     # -- computing -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -275,22 +280,42 @@ class ScaleVectorMonitor(Callback):
 
     def on_train_start(self, trainer: Any, pl_module: nn.Module) -> None:
         self._last_step = None
-        self._grads_checked = False
+        self._grads_checked, self._grad_checks, self._no_grad = False, 0, []
         if trainer.global_step == 0:  # the initial values (and the drift reference); a resumed run waits
             self._log(trainer, pl_module)
         self._snapshot_before_log(trainer, pl_module)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: nn.Module, optimizer: Any) -> None:
-        if self._grads_checked:  # once per fit: the gradients of the first step tell the invariances
+        if self._grads_checked:  # the first step and RECHECK_STEPS more, once per fit
             return
+        params = list(scale_parameters(pl_module))
+        names = invisible_scales(params)  # collective under FSDP2: every rank at the same steps
+        self._no_grad = names if self._grad_checks == 0 else [n for n in self._no_grad if n in names]
+        self._grad_checks += 1
+        if self._no_grad and self._grad_checks <= RECHECK_STEPS:
+            return  # look again at the next step before calling them invisible
         self._grads_checked = True
-        names = invisible_scales(list(scale_parameters(pl_module)))
-        if names and trainer.is_global_zero:
-            shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-            rank_zero_warn(f"ScaleVectorMonitor: {len(names)} scale parameter(s) got no gradient at the first step "
-                           f"(below 1e-4 of the largest scale gradient): {shown}; the loss does not depend on them "
-                           "(an invariance, e.g. a magnitude in front of a per-head norm), so only weight decay "
-                           "moves them; set model.strategy.magnitude_before_norm: false or do not decay them")
+        if self._no_grad and trainer.is_global_zero:
+            self._warn_no_grad([sp for sp in params if sp.name in self._no_grad])
+
+    def _warn_no_grad(self, params: list[ScaleParam]) -> None:
+        def listed(group: list[ScaleParam]) -> str:
+            names = [sp.name for sp in group]
+            return ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+
+        head = (f"ScaleVectorMonitor: {{}} scale parameter(s) got no gradient at the first {self._grad_checks} "
+                "optimizer steps (below 1e-4 of the largest scale gradient): ")
+        divided = [sp for sp in params if size_divided_out(sp)]
+        other = [sp for sp in params if not size_divided_out(sp)]
+        if divided:
+            rank_zero_warn(head.format(len(divided)) + f"{listed(divided)}; every branch that reads their vector "
+                           "normalizes its output, which divides γ's size out (an invariance of the strategy), so "
+                           "only weight decay moves them; set model.strategy.magnitude_before_norm: false or do not "
+                           "decay them")
+        if other:
+            rank_zero_warn(head.format(len(other)) + f"{listed(other)}; the loss did not depend on them at those "
+                           "steps and the strategy has no invariance that explains it: check the parameterization "
+                           "(a factor that stays 0 keeps the other factors' gradients at 0)")
 
     def on_train_batch_end(self, trainer: Any, pl_module: nn.Module, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step % self.every_n_steps == 0:

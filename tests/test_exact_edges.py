@@ -271,10 +271,11 @@ def test_monitor_warns_once_about_a_scale_the_loss_cannot_see():
     _backward(kept)
     monitor = ScaleVectorMonitor()
     with pytest.warns(UserWarning) as record:
-        monitor.on_before_optimizer_step(trainer, kept, None)
+        for _ in range(3):  # the first step and two re-checks (issue 32: a gradient may start later)
+            monitor.on_before_optimizer_step(trainer, kept, None)
     (message,) = [str(w.message) for w in record if "ScaleVectorMonitor" in str(w.message)]
     names = [f"blocks.{i}.attn.input.scales.{b}.magnitude" for i in (0, 1) for b in "qk"]
-    assert message.startswith("ScaleVectorMonitor: 4 scale parameter(s) got no gradient at the first step "
+    assert message.startswith("ScaleVectorMonitor: 4 scale parameter(s) got no gradient at the first 3 optimizer steps "
                               f"(below 1e-4 of the largest scale gradient): {', '.join(names)}; ")
     assert "\n" not in message and "magnitude_before_norm: false" in message
     import warnings
