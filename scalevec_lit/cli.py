@@ -28,6 +28,7 @@ from .data.datamodule import TokenDataModule
 from .errors import debug_enabled, one_paragraph, run_guarded
 from .verify import verify_checkpoint
 from .lit.module import CausalLM
+from .recipe_lookup import resolve_config_args
 
 EXTRA_COMMANDS = {
     "prepare": "scalevec_lit.data.prepare",
@@ -38,6 +39,7 @@ EXTRA_COMMANDS = {
     "convert": "scalevec_lit.hub.convert",  # a native checkpoint -> another scale strategy
     "evaluate": "scalevec_lit.evaluate.cli",  # lm-eval tasks on a checkpoint or HF folder (the eval extra)
     "inspect": "scalevec_lit.inspect",  # scale vectors of a checkpoint or HF model: statistics, fold, figures
+    "recipes": "scalevec_lit.recipe_lookup",  # the shipped recipes: list, show, copy (issue 35)
 }
 
 
@@ -205,6 +207,7 @@ def _dispatch(argv: list[str]):
         import importlib
 
         return importlib.import_module(EXTRA_COMMANDS[argv[0]]).main(argv[1:])
+    argv = resolve_config_args(argv, sys.argv)  # --config smoke: a shipped recipe by name; a path wins (issue 35)
     check_config_files(argv)
     cli = _run_cli(None if argv == sys.argv[1:] else argv)  # None: LightningCLI reads sys.argv itself
     from scalevec_lit.callbacks.checkpoint import stopped_by_signal
