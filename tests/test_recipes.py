@@ -107,3 +107,15 @@ def test_the_recipes_command_lists_shows_and_copies(elsewhere, capfd):
     assert not (elsewhere / "x.yaml").exists()
     code, text = main_in_process(capfd, ["recipes", "copy", "smoke"])
     assert code == 2 and "recipes copy: smoke: needs a destination" in text
+
+
+def test_a_shipped_study_runs_by_name_with_the_recipes_it_names(elsewhere):
+    from scalevec_lit.study.spec import _base_callbacks, load_study
+
+    study = load_study("ablation/claims_cpu")  # no such file here: the shipped study
+    assert study.name == "claims_cpu" and study.base == ["recipes/smoke.yaml"]
+    smoke = yaml.safe_load((ROOT / "recipes/smoke.yaml").read_text())
+    assert _base_callbacks(study) == smoke["trainer"]["callbacks"]  # read from the shipped smoke recipe
+    configs = ["fit", *[a for c in [*study.base, *study.variants[0].configs] for a in ("--config", c)]]
+    assert recipe_lookup.resolve_config_args(configs) == [
+        "fit", "--config", str(ROOT / "recipes/smoke.yaml"), "--config", str(ROOT / "recipes/strategy/baseline.yaml")]

@@ -116,8 +116,12 @@ def fmt_lr(lr: float) -> str:
 
 
 def load_study(path: str | Path) -> Study:
-    """Read and check a study YAML; paths in it are relative to the current folder (the repository)."""
-    path = Path(path)
+    """Read and check a study YAML (a path, or a shipped study's name: ``ablation/claims_cpu``); the recipe
+    paths in it are relative to the current folder, and ``recipes/...`` names a shipped recipe where no such
+    file is there (``scalevec_lit/recipe_lookup.py``)."""
+    from ..recipe_lookup import recipe_path
+
+    path = recipe_path(path)
     raw = yaml.safe_load(path.read_text())
     if not isinstance(raw, dict):
         raise SystemExit(f"study: {path} is not a mapping")
@@ -169,8 +173,10 @@ def load_study(path: str | Path) -> Study:
 def _base_callbacks(study: Study) -> list:
     """The callback list of the last base recipe that has one."""
     callbacks: list = []
+    from ..recipe_lookup import recipe_path
+
     for recipe in study.base:
-        trainer = (yaml.safe_load(Path(recipe).read_text()) or {}).get("trainer") or {}
+        trainer = (yaml.safe_load(recipe_path(recipe).read_text()) or {}).get("trainer") or {}
         if "callbacks" in trainer:
             callbacks = list(trainer["callbacks"] or [])
     return callbacks
