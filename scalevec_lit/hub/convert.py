@@ -1,12 +1,16 @@
 """``python -m scalevec_lit convert --ckpt A --strategy recipes/strategy/Y.yaml --out B``: rewrite a checkpoint
 into another scale strategy, exactly where the math allows (``scale/convert.py``), and write it natively.
 
-Lives here: reading a strategy file (``read_strategy``), ``convert_model`` (the same strategy: a bitwise copy;
-another: build the target model, transfer in float64, compare both models' logits on a probe batch in float64,
-refuse a change above ``tolerance`` (float64 rounding for the model's size, stated in the message) or any
-structural change unless ``--allow-function-change``, refuse by name a target parameterization without an
-inverse), ``write_native`` (the native folder + ``model.yaml``, the recipe fragment ``fit`` needs with
-``--model.init_from``), ``convert_checkpoint`` and ``main``. ``import`` (``hf_import.py``) uses the same.
+Lives here: reading a strategy file (``read_strategy``), ``convert_model`` (the same strategy, defaults filled on
+both sides: a bitwise copy; another: build the target model, its scale vectors as their classes construct them,
+transfer in float64, compare both models' logits on a probe batch in float64 (an MoE model also with every token
+routed to every expert), refuse a change above ``tolerance`` (float64 rounding for the model's size, stated in the
+message) or any structural change unless ``--allow-function-change``, check the model again as written in the
+checkpoint's dtype, refuse by name a target parameterization without an inverse; a refusal names the presets that
+keep this model exactly, each one checked: ``exact_presets``), ``write_native`` (the native folder +
+``model.yaml``, the recipe fragment ``fit`` needs with ``--model.init_from``), ``convert_checkpoint`` and ``main``.
+``import`` (``hf_import.py``) uses the same. The probe, the tolerances and "the same strategy" are
+``convert_check.py``.
 
 Plain torch (+ yaml): must not import Lightning or transformers.
 """
@@ -34,9 +38,12 @@ from ..outdir import OutputFolder, output_folder
 from ..scale.convert import Transfer, transfer_
 from ..scale.strategy import ScaleStrategy
 from ..scale.vector import NoInverse, ScaleVector
+from .convert_check import (SAMPLE, Probe, probe_batch, resolved_strategy, same_strategy, tolerance,
+                            widest, written_tolerance)
 
 RECIPE = "model.yaml"
-SAMPLE = (2, 64)  # the probe batch whose logits a conversion compares: 2 sequences of up to 64 random tokens
+PRESETS = Path(__file__).resolve().parents[2] / "recipes" / "strategy"  # the presets a refusal checks
+PRESETS_TEXT = "recipes/strategy/"
 
 
 def read_strategy(path: str | Path, eps: float) -> ScaleStrategy:
@@ -57,64 +64,55 @@ def read_strategy(path: str | Path, eps: float) -> ScaleStrategy:
                         "fix the file; the presets in recipes/strategy/ show every key") from None
 
 
-def probe_batch(model: Transformer, seed: int = 0) -> torch.Tensor:
-    """The probe batch whose logits a conversion compares: ``SAMPLE`` random tokens (fixed seed)."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, model.config.vocab_size, (SAMPLE[0], min(SAMPLE[1], model.config.seq_len)), generator=gen)
+def _check_finite(model: Transformer, value: str) -> None:
+    bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        raise UserError("--ckpt", value or "the model", f"has non-finite values (NaN or Inf) in {len(bad)} "
+                        f"parameter(s): {', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''}; no conversion can keep "
+                        "them", "convert a checkpoint written before the values diverged")
 
 
-def tolerance(config) -> float:
-    """The largest relative logits change (max |Δ| / max |logits|) that float64 rounding explains for a model of
-    this size: ``ε₆₄ · (2 L + 1) · w^1.5``, a worst-case bound for L layers of two sublayers (plus the head)
-    whose dot products have length up to ``w`` (the widest of n_embd, the q width and the MLP / expert width).
-    Any conversion that keeps the function exactly moves the logits far less; any change of the function
-    (a normalization added or removed, another eps, a scale that could not be held) far more."""
-    return torch.finfo(torch.float64).eps * (2 * config.n_layer + 1) * float(widest(config)) ** 1.5
-
-
-def widest(config) -> int:
-    """The longest dot product of a layer: n_embd, the q width, the MLP or (shared) expert width."""
-    widths = [config.n_embd, config.n_head * config.head_dim, config.intermediate_size or 0]
-    if config.moe is not None:
-        widths.append(config.moe.expert_intermediate_size * max(1, config.moe.num_shared_experts))
-    return max(widths)
-
-
-def _same_strategy(model: Transformer, strategy: ScaleStrategy) -> bool:
-    return model_spec(model.config, model.strategy, Block)["strategy"] == model_spec(model.config, strategy, Block)["strategy"]
-
-
-def convert_model(model: Transformer, strategy: ScaleStrategy, *, allow_function_change: bool = False,
-                  key: str = "--strategy", value: str = "") -> tuple[Transformer, Transfer, float]:
-    """``(converted model, what changed / was folded, relative logits change on the probe batch)``.
-
-    The same strategy is a copy (every tensor bitwise equal, whatever the parameterization). Any other is
-    transferred in float64 (``scale/convert.py``), both models' logits on the probe batch are compared in float64,
-    and a conversion is refused (``UserError``) when it changes the function, structurally (the sites are listed)
-    or measurably (a relative change above ``tolerance``), unless ``allow_function_change``. The target's
-    parameterization must have an inverse (``ScaleVector.set_gamma_``), else it is refused by name. The result has
-    ``model``'s dtype.
-    """
-    if _same_strategy(model, strategy):
-        return copy.deepcopy(model).eval(), Transfer(notes=["the same strategy: a copy"]), 0.0
-    vector = strategy.vector
-    if isinstance(vector, type) and issubclass(vector, ScaleVector) and not vector.invertible():
-        raise UserError(key, value, f"its model.strategy.vector {vector.__module__}.{vector.__qualname__} has no "
-                        "inverse (ScaleVector.set_gamma_), so no conversion can set its scales to the model's γ",
-                        "implement set_gamma_(gamma) -> bool in that class (see scalevec_lit/scale/vector.py), or "
-                        "convert to a strategy whose vector has one")
-    dtype = next(model.parameters()).dtype
-    source_spec = spec_of(model)  # the model's own class and block with its init_args, another strategy
-    spec = {**source_spec, "strategy": model_spec(model.config, strategy, Block)["strategy"]}
+def _build_target(model: Transformer, strategy: ScaleStrategy) -> Transformer:
+    """The model of ``strategy`` in float64: every scale vector as its class constructs it (initialised: its
+    ``set_gamma_`` may read its parameters), every other parameter NaN (each must come from the transfer)."""
+    spec = {**spec_of(model), "strategy": model_spec(model.config, strategy, Block)["strategy"]}
     with torch.device("meta"):
         target = build_from_spec(spec)
     target.to_empty(device="cpu")
     target.double()
-    for p in target.parameters():  # every value must come from the transfer: a NaN left over is a bug
-        p.data.fill_(float("nan"))
+    vectors = [m for m in target.modules() if isinstance(m, ScaleVector)]
+    own = {id(p) for v in vectors for p in v.parameters()}
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # a random init in a vector leaves the caller's RNG as is
+        for p in target.parameters():
+            if id(p) not in own:
+                p.fill_(float("nan"))
+        for v in vectors:
+            if hasattr(v, "reset_parameters"):
+                v.reset_parameters()
+            elif any(True for _ in v.parameters()):  # the contract's initial state without reset_parameters: rebuilt
+                fresh = _fresh_vector(v, strategy)
+                for p, q in zip(v.parameters(), fresh.parameters()):
+                    p.copy_(q)
     if target.config.tie_embeddings:
         target.tie_()
-    source = copy.deepcopy(model).double().eval()
+    return target
+
+
+def _fresh_vector(vec: ScaleVector, strategy: ScaleStrategy) -> ScaleVector:
+    """A newly constructed vector of ``vec``'s class and size, as the strategy builds it (with or without magnitude)."""
+    for before_norm in (False, True):
+        fresh = strategy.make_vector(vec.dim, before_norm=before_norm)
+        if type(fresh) is type(vec):
+            return fresh.double()
+    raise RuntimeError(f"{type(vec).__qualname__}: not a vector that the strategy builds")
+
+
+def _transfer_checked(model: Transformer, source: Transformer, strategy: ScaleStrategy, probe: Probe,
+                      key: str = "--strategy", value: str = "", *, measure_changed: bool = True,
+                      ) -> tuple[Transformer, Transfer, float]:
+    """``(float64 target, report, relative logits change)``: ``source`` (``model`` in float64) transferred; with
+    ``measure_changed=False`` the change is not measured where the transfer listed one (``inf``)."""
+    target = _build_target(model, strategy)
     target.rope_cos.copy_(source.rope_cos)
     target.rope_sin.copy_(source.rope_sin)
     try:
@@ -124,24 +122,95 @@ def convert_model(model: Transformer, strategy: ScaleStrategy, *, allow_function
     left = [n for n, p in target.named_parameters() if torch.isnan(p).any()]
     if left:
         raise RuntimeError(f"the conversion left parameters unset: {left[:5]}")
-    idx = probe_batch(source)
-    with torch.no_grad():
-        ls, lt = source(idx), target.eval()(idx)
-    moved = float((ls - lt).abs().max() / ls.abs().max().clamp_min(1e-300))
+    if report.changes and not measure_changed:
+        return target.eval(), report, float("inf")
+    return target.eval(), report, probe.change(target.eval())
+
+
+def exact_presets(model: Transformer, source: Transformer, probe: Probe, skip: ScaleStrategy) -> list[str]:
+    """The presets (``PRESETS``) that convert ``model`` exactly (a copy, or a float64 transfer without a listed
+    change within ``tolerance``), ``skip`` left out: each one's conversion check, run."""
+    names, tol = [], tolerance(model.config)
+    refused = resolved_strategy(model.config, skip)
+    for path in sorted(PRESETS.glob("*.yaml")) if PRESETS.is_dir() else []:
+        try:
+            strategy = read_strategy(path, model.strategy.eps)
+            if resolved_strategy(model.config, strategy) == refused:
+                continue
+            if same_strategy(model, strategy):
+                names.append(path.stem)
+                continue
+            if isinstance(strategy.vector, type) and not strategy.vector.invertible():
+                continue
+            _, report, moved = _transfer_checked(model, source, strategy, probe, measure_changed=False)
+        except (UserError, ValueError, NoInverse):
+            continue
+        if not report.changes and moved <= tol:
+            names.append(path.stem)
+    return names
+
+
+def convert_model(model: Transformer, strategy: ScaleStrategy, *, allow_function_change: bool = False,
+                  key: str = "--strategy", value: str = "") -> tuple[Transformer, Transfer, float]:
+    """``(converted model, what changed / was folded, relative logits change on the probe batch)``.
+
+    The same strategy (``same_strategy``: defaults filled on both sides) is a copy (every tensor bitwise equal,
+    whatever the parameterization). Any other is transferred in float64 (``scale/convert.py``) into a target whose
+    scale vectors start as constructed, both models' logits on the probe batch are compared in float64 (an MoE
+    model also with every token routed to every expert), and a conversion is refused (``UserError``) when it
+    changes the function, structurally (the sites are listed) or measurably (a relative change above
+    ``tolerance``), unless ``allow_function_change``; the model as written in its own dtype is compared again
+    (``written_tolerance``). The refusal names the presets that keep this model exactly (each one checked). The
+    target's parameterization must have an inverse (``ScaleVector.set_gamma_``), else it is refused by name. A
+    model with a non-finite parameter is refused. The result has ``model``'s dtype.
+    """
+    _check_finite(model, "")
+    if same_strategy(model, strategy):
+        return copy.deepcopy(model).eval(), Transfer(notes=["the same strategy: a copy"]), 0.0
+    vector = strategy.vector
+    if isinstance(vector, type) and issubclass(vector, ScaleVector) and not vector.invertible():
+        raise UserError(key, value, f"its model.strategy.vector {vector.__module__}.{vector.__qualname__} has no "
+                        "inverse (ScaleVector.set_gamma_), so no conversion can set its scales to the model's γ",
+                        "implement set_gamma_(gamma) -> bool in that class (see scalevec_lit/scale/vector.py), or "
+                        "convert to a strategy whose vector has one")
+    dtype = next(model.parameters()).dtype
+    source = copy.deepcopy(model).double().eval()
+    probe = Probe(source, probe_batch(source))
+    idx = probe.idx
+    target, report, moved = _transfer_checked(model, source, strategy, probe, key, value)
     tol = tolerance(model.config)
+    batch = (f"on a probe batch of {idx.shape[0]}×{idx.shape[1]} random tokens"
+             + (", also with every token routed to every expert" if model.config.moe is not None else ""))
     if (report.changes or not moved <= tol) and not allow_function_change:
         why = "; ".join(_summary(report.changes)) if report.changes else ("no site reported a cause: check the "
                                                                           "parameterizations' set_gamma_")
         raise UserError(key, value, f"this strategy changes what the model computes: {why}; the logits moved by "
-                        f"{moved:.3g} relative (max |Δ| / max |logits|, float64, on a probe batch of {idx.shape[0]}×"
-                        f"{idx.shape[1]} random tokens) against a tolerance of {tol:.3g} (float64 rounding for "
-                        f"{model.config.n_layer} layers of width up to {widest(model.config)}: ε₆₄·(2L+1)·w^1.5)",
-                        "choose a strategy the conversion keeps exactly (baseline, unit_offset, hg, dp, or, er, "
-                        "no_scale, unified_no_dnp; qk_norm, dnp or unified with output_shape: head for a QK-norm "
-                        "model), or pass --allow-function-change and continue training to recover")
+                        f"{moved:.3g} relative (max |Δ| / max |logits|, float64, {batch}) against a tolerance of "
+                        f"{tol:.3g} (float64 rounding for {model.config.n_layer} layers of width up to "
+                        f"{widest(model.config)}: ε₆₄·(2L+1)·w^1.5)", _advice(model, source, probe, strategy))
     if model.config.tie_embeddings and not target.tied:
         target.config = dataclasses.replace(target.config, tie_embeddings=False)
-    return target.to(dtype).eval(), report, moved
+    target = target.to(dtype).eval()
+    if dtype != torch.float64:  # what the cast to the checkpoint's dtype loses: the written model, in float64
+        written = copy.deepcopy(target).double().eval()
+        lost, wtol = probe.change(written), written_tolerance(model.config, dtype)
+        del written
+        if not lost <= wtol and not allow_function_change:
+            raise UserError(key, value, f"the model as written in {str(dtype).replace('torch.', '')} moves the logits "
+                            f"by {lost:.3g} relative (max |Δ| / max |logits|, computed in float64, {batch}) against "
+                            f"a tolerance of {wtol:.3g} (rounding every weight once to {str(dtype).replace('torch.', '')}"
+                            f": ε·(2L+1)·√w for {model.config.n_layer} layers of width up to {widest(model.config)}), "
+                            "although the float64 transfer kept the function", _advice(model, source, probe, strategy))
+    return target, report, moved
+
+
+def _advice(model: Transformer, source: Transformer, probe: Probe, refused: ScaleStrategy) -> str:
+    keep = exact_presets(model, source, probe, refused)
+    if not keep:
+        return (f"no preset in {PRESETS_TEXT} keeps this model exactly; pass --allow-function-change and continue "
+                "training to recover")
+    return (f"choose a strategy that the conversion keeps exactly for this model (checked for every preset in "
+            f"{PRESETS_TEXT}): {', '.join(keep)}; or pass --allow-function-change and continue training to recover")
 
 
 def _summary(lines: list[str], limit: int = 6) -> list[str]:
