@@ -15,6 +15,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Iterable, Optional
 
 import math
+import re
 
 import torch
 from torch import nn
@@ -103,15 +104,56 @@ def build_param_groups(model: nn.Module, overrides: Optional[dict[str, dict[str,
     return groups
 
 
+#: torch's names in ``Invalid <name> value: <value>`` -> the optimizer's argument
+_TORCH_NAMES = {"epsilon": "eps", "learning rate": "lr", "beta parameter at index 0": "betas",
+                "beta parameter at index 1": "betas"}
+
+
+def check_decay(name: str, value: Any, optimizer: str = "the optimizer") -> None:
+    """A negative or non-finite ``model.optimizer.init_args.<name>`` (a weight decay), refused in our words."""
+    key = f"model.optimizer.init_args.{name}"
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UserError(key, value, "is not a finite number", f"set a number >= 0 (0 turns decay off), e.g. --{key}=0.1")
+    if value < 0:
+        raise UserError(key, value, f"a negative weight decay makes {optimizer} grow every decayed weight at every "
+                        "step (away from 0 instead of towards it)", f"set a value >= 0 (0 turns decay off), e.g. "
+                        f"--{key}=0.1")
+
+
+def _our_words(err: ValueError, optimizer: str) -> Optional[UserError]:
+    """torch's ``Invalid weight_decay value: -0.1`` (raised by the optimizer's constructor) as a ``UserError``."""
+    found = re.fullmatch(r"Invalid (.+) value: (.+)", str(err).strip())
+    if found is None:
+        return None
+    name, value = _TORCH_NAMES.get(found.group(1), found.group(1)), found.group(2)
+    if name == "weight_decay":
+        try:
+            check_decay(name, float(value), optimizer)
+        except UserError as ours:
+            return ours
+    key = f"model.optimizer.init_args.{name}"
+    return UserError(key, value, f"is outside the range {optimizer} accepts", f"set --{key} to a valid value (a "
+                     "learning rate, eps and weight_decay >= 0, betas in [0, 1))")
+
+
 def instantiate_optimizer(factory: Callable[[Iterable], torch.optim.Optimizer], groups: list[dict]) -> torch.optim.Optimizer:
-    """Call the optimizer factory with groups; ``lr_mult`` becomes each group's ``lr`` once the base lr is known."""
+    """Call the optimizer factory with groups; ``lr_mult`` becomes each group's ``lr`` once the base lr is known.
+    An argument the optimizer refuses (``Invalid weight_decay value``) is reported with its key and the fix."""
     clean = []
     for g in groups:
         g = {k: v for k, v in g.items() if k != "names"}
         if g.get("weight_decay") is None:
             g.pop("weight_decay", None)
         clean.append(g)
-    opt = factory(clean)
+    try:
+        opt = factory(clean)
+    except ValueError as err:
+        ours = _our_words(err, "the optimizer")
+        if ours is None:
+            raise
+        raise ours from None
     for g in opt.param_groups:
         mult = g.get("lr_mult")
         if mult is not None:
@@ -186,6 +228,8 @@ class MuonAdamW(torch.optim.Optimizer):
                 "model.optimizer: MuonAdamW needs parameter groups with a 'kind' key (as built from the scale "
                 "registry by scalevec_lit.lit.optim.build_param_groups), not bare tensors"
             )
+        check_decay("weight_decay", weight_decay, "MuonAdamW")
+        check_decay("muon_weight_decay", muon_weight_decay, "MuonAdamW")
         muon_wd = weight_decay if muon_weight_decay is None else muon_weight_decay
         prepared: list[dict] = []
         for g in groups:
