@@ -35,7 +35,7 @@ from .formats import FORMATS_HELP, KIND_NAMES, RowCounts, iter_documents, plan_u
 from ..outdir import OutputFolder
 from .inputs import ERROR_POLICIES, scan_inputs
 from .integrity import record_chunks
-from .split import is_val, segments, split_text  # noqa: F401 - is_val, segments: for the tests
+from .split import is_val, segments, share_note, split_text  # noqa: F401 - is_val, segments: for the tests
 from .tokenizer import DEFAULT_TEXT_DIR, DEFAULT_TOKENIZER, TEXT_SUFFIXES, Tokenizer
 
 META = "meta.json"
@@ -237,6 +237,7 @@ def prepare(
     if balanced:
         summary.append("the hash split left a split empty (too little text for --val-fraction): split again so that "
                        "each text file gives a segment to train and to val (meta.json: balanced_split)")
+    summary += share_note(counts, val_fraction, segment_chars) if texts else []  # far from --val-fraction (split.py)
     if rows:
         lines = [c.describe(rel, text_field, kinds.get(rel, "jsonl")) for rel, c in sorted(bad_files.items())]
         summary.append(f"{n_bad:,} of {n_rows + n_bad:,} rows skipped (no usable text in {text_field!r}), in "

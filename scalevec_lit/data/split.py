@@ -13,6 +13,10 @@ single segment is cut in two at the line end (else the space) nearest its middle
 or more segments gives at least one segment to each split (its segment of lowest hash to validation, of
 highest hash to training, when the hash gave none). Texts the hash already split both ways are unchanged.
 
+A split far from ``val_fraction`` (a short text: an 8 kB file is two segments of 4000 characters, and the
+balanced split sends one of them, half the tokens, to validation) is named in prepare's summary with the fix
+(``share_note``).
+
 Must not import Lightning or torch.
 """
 from __future__ import annotations
@@ -99,3 +103,18 @@ def split_text(text: str, rel: str, segment_chars: int, val_fraction: float,
         if all(flags):
             flags[keys.index(max(keys))] = False
     return list(zip(segs, flags))
+
+
+def share_note(tokens: dict[str, int], val_fraction: float, segment_chars: int) -> list[str]:
+    """A summary line when validation got far more than ``val_fraction`` of the tokens (more than twice, and
+    more than 5 points above), saying so and how to get closer; ``[]`` otherwise."""
+    total = tokens.get("train", 0) + tokens.get("val", 0)
+    share = tokens.get("val", 0) / total if total else 0.0
+    if not (share > 2 * val_fraction and share - val_fraction > 0.05):
+        return []
+    smaller = max(1, segment_chars // 10)
+    return [f"note: val holds {share:.0%} of the tokens ({tokens['val']:,} of {total:,}), not the {val_fraction:.0%} "
+            f"of --val-fraction {val_fraction:g}: the text is cut into segments of --segment-chars {segment_chars} "
+            "characters and each goes whole to one split, so a short text has too few segments to split finely; "
+            f"for a split closer to {val_fraction:.0%}, add text or pass a smaller --segment-chars (e.g. "
+            f"--segment-chars {smaller})"]
