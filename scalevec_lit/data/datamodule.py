@@ -16,24 +16,23 @@ gone, the run stops naming both folders.
 """
 from __future__ import annotations
 
-import functools
-import itertools
 import json
 import os
 import re
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import lightning as L
-import torch
 
 from ..errors import UserError
 from .inputs import MANIFEST
 from .integrity import VERIFY_MODES, check_prepared, fingerprint, relocate_state
+from .loaders import relocating_loader, same_batch_count_on_every_rank
+from .cache import TOKENIZER, mirror, register
 from .prepare import DEFAULT_OUTPUT, META
+from .remote import Remote, check_options, is_remote, join
 from .tokenizer import Tokenizer, data_tokenizer, same_tokenizer
 
 
@@ -68,7 +67,9 @@ class TokenDataModule(L.LightningDataModule):
 
     Args:
         data_dir: a prepared folder (``meta.json``, ``train/``, ``val/``); local path or ``s3://`` URL; or a
-            list of them, mixed by ``weights`` (litdata ``CombinedStreamingDataset``; all must share a tokenizer).
+            list of them, local and remote mixed, by ``weights`` (litdata ``CombinedStreamingDataset``; all
+            must share a tokenizer). A remote folder is read through one client (``remote.py``) and cached
+            on this node (``cache.py``).
             The default location of the embedded corpus (``data/prepared/shakespeare``) is prepared here
             when it is missing; any other missing folder stops with the prepare command to run.
         weights: sampling weights of the folders in ``data_dir`` (default: proportional to their tokens).
@@ -84,6 +85,15 @@ class TokenDataModule(L.LightningDataModule):
         val_batches: cap on validation batches per validation run (None: the whole split).
         verify: how the prepared chunks are checked at start (``integrity.py``): ``auto`` (sizes always, and
             the SHA-256 of every chunk when a folder holds at most 1 GiB of them), ``sizes`` or ``checksums``.
+            A remote chunk's SHA-256 is checked as it is downloaded (``auto``, ``checksums``).
+        storage_options: endpoint, credentials and retries of the remote folders (``remote.STORAGE_KEYS``:
+            ``endpoint_url``, ``aws_access_key_id``, ``aws_secret_access_key``, ``aws_session_token``,
+            ``region_name``, ``profile``, ``retries``, ``retry_wait``, ``timeout``); default: the standard AWS
+            configuration (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ...).
+        cache_dir: this node's cache of remote folders (default ``~/.cache/scalevec_lit/data``, or
+            ``$SCALEVEC_CACHE_DIR``).
+        cache_size: the most its chunks may take per folder, e.g. ``"20GB"`` (litdata's ``max_cache_size``;
+            chunks already read are deleted above it); default: no cap.
     """
 
     def __init__(
@@ -99,6 +109,9 @@ class TokenDataModule(L.LightningDataModule):
         seed: int = 42,
         val_batches: Optional[int] = None,
         verify: str = "auto",
+        storage_options: Optional[dict] = None,
+        cache_dir: Optional[str] = None,
+        cache_size: Optional[str] = None,
     ) -> None:
         super().__init__()
         self.data_dirs = [data_dir] if isinstance(data_dir, str) else list(data_dir)
@@ -120,10 +133,19 @@ class TokenDataModule(L.LightningDataModule):
             raise UserError("data.verify", verify, f"not one of {', '.join(VERIFY_MODES)}", "use auto (the default), "
                             "sizes or checksums")
         self.verify = verify
+        self.storage_options, self.cache_dir, self.cache_size = check_options(storage_options), cache_dir, cache_size
         self.source_names = self._source_names(self.data_dirs, names)
         for d in self.data_dirs:
             prepare_default_if_missing(d)
-        self.metas = metas = [self._read_meta(d) for d in self.data_dirs]
+        self._local: list = []  # the folder litdata reads: the prepared folder, or a remote folder's cache
+        self._listing: list = []  # a remote folder's objects and sizes (None: local)
+        self.metas = metas = []
+        for d in self.data_dirs:
+            local, meta, listing = mirror(Remote(d, storage_options), cache_dir) if is_remote(d) else \
+                (Path(d), self._read_meta(d), None)
+            self._local.append(local)
+            metas.append(meta)
+            self._listing.append(listing)
         self.meta = metas[0]
         first = data_tokenizer(self.meta, str(self.data_dirs[0])) or {}
         for d, m in zip(self.data_dirs[1:], metas[1:]):
@@ -142,6 +164,9 @@ class TokenDataModule(L.LightningDataModule):
         self.weights = weights
         self.tokens = {s: sum(m["tokens"][s] for m in metas) for s in ("train", "val")}
         self.tokenizer_path = tokenizer or self.meta.get("tokenizer")
+        cached = self._local[0] / TOKENIZER
+        if not tokenizer and is_remote(self.data_dir) and cached.is_file():
+            self.tokenizer_path = str(cached)  # the copy prepare uploaded beside the data, not a path of its machine
         if tokenizer is not None:
             tok = Tokenizer(tokenizer, key="data.tokenizer")
             if first and not same_tokenizer(tok.identity(), first):
@@ -165,7 +190,7 @@ class TokenDataModule(L.LightningDataModule):
                 f"{self.meta['chunk_tokens']} of {data_dir!r}; re-run prepare with --chunk-tokens >= {block}"
             )
         self._checked = False
-        self._fingerprints = [fingerprint(d, m) for d, m in zip(self.data_dirs, metas)]
+        self._fingerprints = [fingerprint(d, m, local=loc) for d, m, loc in zip(self.data_dirs, metas, self._local)]
         self._saved: Optional[list] = None  # the fingerprints of the checkpoint being resumed
 
     @staticmethod
@@ -192,11 +217,6 @@ class TokenDataModule(L.LightningDataModule):
 
     @staticmethod
     def _read_meta(data_dir: str) -> dict:
-        if "://" in data_dir:  # remote: litdata reads index.json itself; meta.json next to it
-            import fsspec
-
-            with fsspec.open(f"{data_dir.rstrip('/')}/{META}", "r") as fh:
-                return json.load(fh)
         root = Path(data_dir)
         meta = root / META
         if root.is_file():
@@ -227,13 +247,21 @@ class TokenDataModule(L.LightningDataModule):
 
     def _source(self, data_dir: str, split: str, shuffle: bool):
         from litdata import StreamingDataset, TokensLoader
+        from litdata.streaming.resolver import Dir
 
+        remote = {}
+        if is_remote(data_dir):  # litdata downloads the chunks into the cache folder, through remote.py
+            register()
+            local = self._local[self.data_dirs.index(data_dir)]
+            remote = dict(input_dir=Dir(path=str(local / split), url=join(data_dir, split)),
+                          storage_options={**self.storage_options, "verify": self.verify}, max_cache_size=self.cache_size)
         return StreamingDataset(
-            input_dir=f"{data_dir.rstrip('/')}/{split}",
+            input_dir=remote.pop("input_dir", f"{data_dir.rstrip('/')}/{split}"),
             item_loader=TokensLoader(block_size=self.seq_len + 1),
             shuffle=shuffle,
             drop_last=True,
             seed=self.seed,
+            **remote,
         )
 
     def _dataset(self, split: str, shuffle: bool):
@@ -247,18 +275,21 @@ class TokenDataModule(L.LightningDataModule):
         )
 
     def setup(self, stage: Optional[str] = None) -> None:
+        from ..known_warnings import filter_litdata_length
+
+        filter_litdata_length()  # litdata streams have an exact length per rank and worker (known_warnings.py)
         self.check_data()
 
     def check_data(self) -> None:
         """Check every prepared folder's chunks against its record (once; ``integrity.check_prepared``)."""
         if not self._checked:
-            for d, m in zip(self.data_dirs, self.metas):
-                check_prepared(d, m, self.verify)
+            for d, m, local, listing in zip(self.data_dirs, self.metas, self._local, self._listing):
+                check_prepared(d, m, self.verify, local, listing)
             self._checked = True
 
     def train_dataloader(self):
         self.check_data()
-        loader = _relocating_loader()(
+        loader = relocating_loader()(
             self._dataset("train", self.shuffle),
             batch_size=self.batch_size,
             num_workers=self.num_workers,
@@ -271,18 +302,17 @@ class TokenDataModule(L.LightningDataModule):
         """One loader; with several folders, one per folder, in the order of ``source_names`` (the module logs
         ``val/<name>/loss`` for each, and ``val/loss`` over all of them)."""
         import torch.distributed as dist
-        from litdata import StreamingDataLoader
 
         self.check_data()
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
         def loader(dataset):
-            return StreamingDataLoader(dataset, batch_size=self.batch_size, num_workers=self.num_workers,
+            return relocating_loader()(dataset, batch_size=self.batch_size, num_workers=self.num_workers,
                                        drop_last=distributed)
 
         loaders = [loader(self._source(d, "val", False)) for d in self.data_dirs]
         if distributed:
-            loaders = _same_batch_count_on_every_rank(loaders)
+            loaders = same_batch_count_on_every_rank(loaders)
         return loaders[0] if len(loaders) == 1 else loaders
 
     # -- resume: Lightning restores the loader position; a moved folder is followed when its data are the same --
@@ -293,49 +323,4 @@ class TokenDataModule(L.LightningDataModule):
         self._saved = state_dict.get("sources")  # None: a checkpoint written before the fingerprints
 
     def _relocate(self, state: dict) -> dict:
-        return relocate_state(state, self.data_dirs, self._fingerprints, self._saved)
-
-
-@functools.lru_cache(maxsize=None)
-def _relocating_loader():
-    """litdata's ``StreamingDataLoader``, whose restored position first goes through ``relocate``."""
-    from litdata import StreamingDataLoader
-
-    class RelocatingLoader(StreamingDataLoader):
-        relocate = None
-
-        def load_state_dict(self, obj: dict[str, Any]) -> None:
-            super().load_state_dict(self.relocate(obj) if self.relocate is not None else obj)
-
-    return RelocatingLoader
-
-
-class FirstBatches:
-    """The first ``n`` batches of ``loader``, re-iterable, with a length."""
-
-    def __init__(self, loader, n: int) -> None:
-        self.loader, self.n = loader, n
-
-    def __iter__(self):
-        return itertools.islice(iter(self.loader), self.n)
-
-    def __len__(self) -> int:
-        return self.n
-
-
-def _same_batch_count_on_every_rank(loaders: list) -> list:
-    """litdata gives the ranks of a distributed run validation shards of unequal length (e.g. 200 and 204
-    blocks); a rank that runs one validation batch more than the others waits for them forever in FSDP's
-    all-gather. Every rank therefore runs the smallest batch count of all ranks (full batches only), a
-    loss of at most a batch or two per rank of the validation split."""
-    import torch.distributed as dist
-
-    counts = [len(loader) for loader in loaders]
-    every = [None] * dist.get_world_size()
-    dist.all_gather_object(every, counts)
-    fewest = [min(rank[i] for rank in every) for i in range(len(loaders))]
-    if 0 in fewest:
-        warnings.warn("a validation split holds fewer blocks than data.batch_size on some rank: validation runs no "
-                      "batch there; lower data.batch_size or prepare a larger --val-fraction", stacklevel=2)
-    return [FirstBatches(loader, n) for loader, n in zip(loaders, fewest)]
-
+        return relocate_state(state, self.data_dirs, self._fingerprints, self._saved, self._local)

@@ -17,7 +17,10 @@ and the prepare command to run again (litdata would otherwise stop only when it 
 - ``checksums``: every chunk read and hashed, whatever its size.
 
 Folders prepared before the record existed are checked by the sizes that ``index.json`` lists
-(``chunk_bytes``); ``checksums`` asks for a new prepare there. Remote folders (``s3://``) are not checked.
+(``chunk_bytes``); ``checksums`` asks for a new prepare there. A remote folder (``s3://``) is checked the
+same way against one listing of its bucket prefix (every chunk there with its recorded size), from the
+indexes its cache holds (``cache.mirror``); its checksums are checked as each chunk is downloaded
+(``cache.ChunkDownloader``), never by reading the bucket twice.
 
 ``fingerprint`` identifies a prepared split by content (the chunk list of ``index.json`` and the recorded
 checksums), not by path: a resumed run whose data folder moved continues at the saved position when the
@@ -76,7 +79,7 @@ def record_chunks(root: Path) -> dict:
     return out
 
 
-def _fix(root: Path, meta: dict) -> str:
+def _fix(root, meta: dict) -> str:
     """The prepare command that rebuilds ``root`` from the inputs ``meta.json`` names."""
     source = meta.get("source")
     inputs = " ".join(source) if isinstance(source, list) else (source or "<the same input>")
@@ -88,17 +91,25 @@ def _fix(root: Path, meta: dict) -> str:
             f"{extra} --overwrite (a chunk cannot be repaired alone)")
 
 
-def check_prepared(data_dir: str, meta: dict, verify: str = "auto") -> Optional[str]:
+def check_prepared(data_dir: str, meta: dict, verify: str = "auto", local: Optional[Path] = None,
+                   listing: Optional[dict[str, int]] = None) -> Optional[str]:
     """Check the chunks of a prepared folder against its record; ``RunError`` naming the first bad chunk.
 
-    Returns what was checked (``"sizes"`` or ``"checksums"``), or ``None`` for a remote folder."""
+    A remote ``data_dir`` is checked from its cache folder ``local`` (the indexes) and ``listing`` (every
+    object under the URL with its size); without them it is not checked (``None``). Returns what was
+    checked (``"sizes"`` or ``"checksums"``; a remote folder's checksums are checked on download)."""
     if verify not in VERIFY_MODES:
         raise UserError("data.verify", verify, f"not one of {', '.join(VERIFY_MODES)}",
                         "use auto (default: checksums for folders up to 1 GiB of chunks, sizes above), sizes or "
                         "checksums")
-    if "://" in data_dir:
+    remote = "://" in data_dir
+    if remote and (local is None or listing is None):
         return None
-    root = Path(data_dir)
+    root = Path(local) if remote else Path(data_dir)
+
+    def shown(*parts: str) -> str:  # a file's name in messages: its URL for a remote folder
+        return "/".join([data_dir.rstrip("/"), *parts]) if remote else str(root.joinpath(*parts))
+
     record = meta.get("chunks") if isinstance(meta.get("chunks"), dict) else None
     indexes = {split: _index(root, split, meta) for split in SPLITS}
     total = sum(int(c.get("chunk_bytes") or 0) for index in indexes.values() for c in index["chunks"])
@@ -106,6 +117,7 @@ def check_prepared(data_dir: str, meta: dict, verify: str = "auto") -> Optional[
         raise RunError("data.verify", "checksums", f"{root / 'meta.json'} records no chunk checksums (prepared "
                        "before they were recorded)", _fix(root, meta) + ", or check sizes only: --data.verify=sizes")
     hashing = record is not None and (verify == "checksums" or (verify == "auto" and total <= AUTO_CHECKSUM_BYTES))
+    hashing = hashing and not remote
     for split, index in indexes.items():
         chunks = index["chunks"]
         listed = [c["filename"] for c in chunks]
@@ -113,20 +125,30 @@ def check_prepared(data_dir: str, meta: dict, verify: str = "auto") -> Optional[
         if recorded is not None and listed != list(recorded):
             extra = [n for n in listed if n not in recorded]
             gone = [n for n in recorded if n not in listed]
-            raise RunError(str(root / split / "index.json"), f"{len(listed)} chunks",
+            raise RunError(shown(split, "index.json"), f"{len(listed)} chunks",
                            f"not the chunks prepare recorded in meta.json ({len(recorded)}; listed but not recorded: "
                            f"{extra[:3] or 'none'}, recorded but not listed: {gone[:3] or 'none'}): the folder mixes "
                            "two prepares", _fix(root, meta))
         tokens = sum(int(c.get("dim") or 0) for c in chunks)
         want = (meta.get("tokens") or {}).get(split)
         if want is not None and tokens != want:
-            raise RunError(str(root / split / "index.json"), f"{tokens} tokens",
+            raise RunError(shown(split, "index.json"), f"{tokens} tokens",
                            f"meta.json records {want} {split} tokens: index.json and meta.json come from different "
                            "prepares", _fix(root, meta))
         for c in chunks:
             path = root / split / c["filename"]
             rec = recorded[c["filename"]] if recorded is not None else None
             size = int(rec["bytes"]) if rec is not None else c.get("chunk_bytes")
+            if remote:
+                have = listing.get(f"{split}/{c['filename']}")
+                where = shown(split, c["filename"])
+                if have is None:
+                    raise RunError(where, "missing", f"index.json lists this chunk ({size} bytes) but the bucket has no "
+                                   "such object", _fix(data_dir, meta))
+                if size is not None and have != int(size):
+                    raise RunError(where, f"{have} bytes", f"prepare wrote {size} bytes (the object was replaced or cut "
+                                   "short)", _fix(data_dir, meta))
+                continue
             if not path.is_file():
                 raise RunError(str(path), "missing", f"index.json lists this chunk ({size} bytes) but the file is not "
                                "there", _fix(root, meta))
@@ -140,14 +162,14 @@ def check_prepared(data_dir: str, meta: dict, verify: str = "auto") -> Optional[
     return "checksums" if hashing else "sizes"
 
 
-def fingerprint(data_dir: str, meta: dict, split: str = "train") -> Optional[str]:
+def fingerprint(data_dir: str, meta: dict, split: str = "train", local: Optional[Path] = None) -> Optional[str]:
     """A SHA-256 of a split's content record: ``index.json``'s chunks and config (not its time stamp) and the
-    checksums of ``meta.json``; equal for the same prepared data wherever it lies. ``None`` when remote or
-    unreadable."""
-    if "://" in data_dir:
+    checksums of ``meta.json``; equal for the same prepared data wherever it lies (a remote folder: read from
+    its cache folder ``local``). ``None`` when unreadable."""
+    if "://" in data_dir and local is None:
         return None
     try:
-        index = json.loads((Path(data_dir) / split / "index.json").read_text())
+        index = json.loads((Path(local or data_dir) / split / "index.json").read_text())
     except (OSError, ValueError):
         return None
     record = meta.get("chunks") if isinstance(meta.get("chunks"), dict) else {}
@@ -156,7 +178,7 @@ def fingerprint(data_dir: str, meta: dict, split: str = "train") -> Optional[str
 
 
 def relocate_state(state: dict, data_dirs: list[str], fingerprints: list[Optional[str]],
-                   saved: Optional[list]) -> dict:
+                   saved: Optional[list], local_dirs: Optional[list] = None) -> dict:
     """A saved ``StreamingDataLoader`` position (``state``) whose training folder of each source is moved to
     this run's folder (``data_dirs``) when the data are the same: the checkpoint's fingerprint (``saved``,
     from the data module's state) equals this folder's, or, for a checkpoint without one, the old folder is
@@ -165,9 +187,15 @@ def relocate_state(state: dict, data_dirs: list[str], fingerprints: list[Optiona
     ds = state.get("dataset") or {}
     children = [ds] if "input_dir_path" in ds else [ds.get(str(i)) for i in range(len(data_dirs))]
     for i, (d, child) in enumerate(zip(data_dirs, children)):
-        if not isinstance(child, dict) or not child.get("input_dir_path") or "://" in d:
+        if not isinstance(child, dict) or not child.get("input_dir_path"):
             continue
-        here, old = str(Path(d, "train").absolute().resolve()), child["input_dir_path"]  # as litdata resolves it
+        local = local_dirs[i] if local_dirs is not None else d  # a remote folder: its cache folder here
+        if "://" in str(local):
+            continue
+        here, old = str(Path(local, "train").absolute().resolve()), child["input_dir_path"]  # as litdata resolves it
+        if "://" in d and (child.get("input_dir_url") or "").rstrip("/") == f"{d.rstrip('/')}/train":
+            child["input_dir_path"] = here  # the same URL, cached in another folder (another node, cache_dir)
+            continue
         if old == here:
             continue
         old_dir = str(Path(old).parent)

@@ -12,7 +12,9 @@ with litdata's ``optimize`` (``TokensLoader``), in parallel workers over work un
 parquet row groups). ``meta.json`` records the tokenizer, its vocabulary, the counts and every chunk
 (size, SHA-256: ``integrity.py``); the data module checks them. What prepare reads (binary and
 undecodable files) is in ``inputs.py``; where it writes (the output folder it owns, ``--overwrite``, all
-or nothing) in ``scalevec_lit/outdir.py``. It ends with a summary of files read and skipped, and of the
+or nothing) in ``scalevec_lit/outdir.py``; an ``s3://`` output is written locally first and then uploaded
+by ``publish.py`` (same rules, with a copy of the tokenizer), with ``--storage-option KEY=VALUE`` or the
+standard AWS configuration (``remote.py``). It ends with a summary of files read and skipped, and of the
 rows skipped in each file (missing field, null, not a string, empty, invalid JSON); a prepare that fails prints what it had skipped until then on stderr, before the error.
 
 Must not import Lightning.
@@ -35,6 +37,7 @@ from .formats import FORMATS_HELP, KIND_NAMES, RowCounts, iter_documents, plan_u
 from ..outdir import OutputFolder
 from .inputs import ERROR_POLICIES, scan_inputs
 from .integrity import record_chunks
+from .remote import check_options, is_remote
 from .split import is_val, segments, share_note, split_text  # noqa: F401 - is_val, segments: for the tests
 from .tokenizer import DEFAULT_TEXT_DIR, DEFAULT_TOKENIZER, TEXT_SUFFIXES, Tokenizer
 
@@ -108,11 +111,13 @@ def prepare(
     encoding: str = "utf-8",
     errors: str = "skip",
     text_field: str = "text",
+    storage_options: Optional[dict] = None,
 ) -> dict:
     """Tokenize and chunk; returns the metadata written to ``<output_dir>/meta.json`` (with ``skipped``:
     the binary and undecodable files and the rows without usable text), plus ``summary`` (lines to print).
 
-    ``input_dir``: a folder, a file or a glob pattern, or a list of them (``formats.py``)."""
+    ``input_dir``: a folder, a file or a glob pattern, or a list of them (``formats.py``). ``output_dir``: a
+    folder or an ``s3://`` URL (``storage_options``: endpoint and credentials, ``remote.STORAGE_KEYS``)."""
     from litdata import TokensLoader, optimize
 
     if not 0.0 < val_fraction < 1.0:
@@ -133,6 +138,7 @@ def prepare(
             "dataset files; add some or point elsewhere"
         )
     tok = Tokenizer(tokenizer, key="--tokenizer")
+    storage_options = check_options(storage_options, "--storage-option")
     texts = [s for s in found.sources if s.kind == "text"]
     rows = [s for s in found.sources if s.kind != "text"]
     scan = scan_inputs([s.path for s in texts], encoding, errors)
@@ -147,11 +153,16 @@ def prepare(
     kept = set(scan.files)
     sources = [s for s in found.sources if s.kind != "text" or s.path in kept]
     units = plan_units(sources, text_field)
-    out = Path(output_dir)
+    out = output_dir if is_remote(output_dir) else Path(output_dir)
     workers = num_workers if num_workers is not None else max(1, min(len(units), os.cpu_count() or 1))
     counts = {}
-    claim = OutputFolder(out, command="prepare", key="--output", overwrite=overwrite,
-                         inputs=[*(("--input", r) for r in found.roots), ("--tokenizer", tok.path)])
+    if is_remote(out):  # written here first, uploaded when complete (publish.py)
+        from .publish import RemoteOutput
+
+        claim = RemoteOutput(str(out), tokenizer=tok.path, overwrite=overwrite, storage_options=storage_options)
+    else:
+        claim = OutputFolder(out, command="prepare", key="--output", overwrite=overwrite,
+                             inputs=[*(("--input", r) for r in found.roots), ("--tokenizer", tok.path)])
     dest = claim.begin()  # everything is written there, and moved into --output only when complete
     try:
         with tempfile.TemporaryDirectory(prefix="scalevec-prepare-") as counts_dir, \
@@ -244,7 +255,7 @@ def prepare(
                        f"{len(bad_files)} file(s)" + (":" if lines else ""))
         summary += [f"  {line}" for line in lines[:MAX_LISTED]]
         if len(lines) > MAX_LISTED:
-            summary.append(f"  and {len(lines) - MAX_LISTED} more file(s) with skipped rows (all listed in {out / META})")
+            summary.append(f"  and {len(lines) - MAX_LISTED} more file(s) with skipped rows (all listed in {out}/{META})")
     if found.ignored:
         names = [str(p.relative_to(root)) if p.is_relative_to(root) else str(p) for p in found.ignored]
         summary.append(f"ignored {len(names)} file(s) of other kinds: " + ", ".join(names[:10])
@@ -276,13 +287,28 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an earlier output of prepare (removes only prepare's own files)")
     parser.add_argument("--if-missing", action="store_true", help="do nothing when the output is already prepared")
+    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="for an s3:// --output: endpoint_url, aws_access_key_id, aws_secret_access_key, profile, "
+                             "... (default: the standard AWS configuration, e.g. AWS_ENDPOINT_URL)")
     args = parser.parse_args(argv)
-    if args.if_missing and (Path(args.output) / META).exists():
+    options = {}
+    for item in args.storage_option:
+        name, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--storage-option: {item!r}: not KEY=VALUE; e.g. --storage-option endpoint_url=http://host:9000")
+        options[name] = value
+    if args.if_missing and is_remote(args.output):
+        from .remote import Remote
+
+        if "meta.json" in Remote(args.output, options, key="--output").listing():
+            print(f"{args.output} already prepared")
+            return
+    elif args.if_missing and (Path(args.output) / META).exists():
         print(f"{args.output} already prepared")
         return
     meta = prepare(
         args.input, args.tokenizer, args.output, args.val_fraction, args.segment_chars, args.chunk_tokens,
-        args.num_workers, args.overwrite, args.encoding, args.errors, args.text_field,
+        args.num_workers, args.overwrite, args.encoding, args.errors, args.text_field, options or None,
     )
     for line in meta["summary"]:
         print(f"prepare: {line}", file=sys.stderr)

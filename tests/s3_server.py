@@ -1,0 +1,94 @@
+"""A real S3-compatible server on 127.0.0.1 for the tests: moto's standalone server (``moto_server``, from
+``moto[server]`` in the ``test`` extra) as a subprocess on a free port, with credentials checked (an IAM
+user made at start; ``INITIAL_NO_AUTH_ACTION_COUNT`` lets the first requests make it), so that wrong
+credentials are refused as by a real endpoint. Used by ``tests/test_remote_data.py`` through the
+session fixture ``s3`` there; ``S3Server`` also stops and restarts it (the endpoint down)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+#: requests the server answers without credentials: the three that make the IAM user and its key
+_SETUP_REQUESTS = 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _executable() -> str:
+    here = Path(sys.executable).with_name("moto_server")
+    return str(here) if here.exists() else (shutil.which("moto_server") or "moto_server")
+
+
+class S3Server:
+    """``moto_server -H 127.0.0.1 -p PORT``; ``env`` holds the endpoint and the valid credentials."""
+
+    def __init__(self, port: Optional[int] = None) -> None:
+        self.port = port or free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc: Optional[subprocess.Popen] = None
+        self.key_id = self.secret = ""
+
+    def start(self, timeout: float = 30.0) -> "S3Server":
+        env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(_SETUP_REQUESTS)}
+        self.proc = subprocess.Popen([_executable(), "-H", "127.0.0.1", "-p", str(self.port)], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto_server did not start on port {self.port}")
+                time.sleep(0.1)
+        self._make_user()
+        return self
+
+    def _make_user(self) -> None:
+        import boto3
+
+        iam = boto3.client("iam", endpoint_url=self.endpoint, aws_access_key_id="setup",
+                           aws_secret_access_key="setup", region_name="us-east-1")
+        iam.create_user(UserName="tests")
+        key = iam.create_access_key(UserName="tests")["AccessKey"]
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+        iam.put_user_policy(UserName="tests", PolicyName="all", PolicyDocument=json.dumps(policy))
+        self.key_id, self.secret = key["AccessKeyId"], key["SecretAccessKey"]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The standard AWS environment for this endpoint."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.key_id,
+                "AWS_SECRET_ACCESS_KEY": self.secret, "AWS_DEFAULT_REGION": "us-east-1"}
+
+    @property
+    def options(self) -> dict[str, str]:
+        """The same as ``data.storage_options``."""
+        return {"endpoint_url": self.endpoint, "aws_access_key_id": self.key_id,
+                "aws_secret_access_key": self.secret, "region_name": "us-east-1"}
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", **self.options)
