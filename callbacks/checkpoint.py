@@ -40,7 +40,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from scalevec_lit import stopsignal
 from scalevec_lit.errors import RunError, notice
-from scalevec_lit.runlock import acquire_folder, check_lineage, release_folder
+from scalevec_lit.runlock import LOCK, acquire_folder, check_lineage, release_folder
 from scalevec_lit.verify import unreadable, verify_checkpoint
 
 __all__ = ["SafeModelCheckpoint", "SafeCheckpointIO"]
@@ -162,6 +162,16 @@ class SafeModelCheckpoint(ModelCheckpoint):
         error = trainer.strategy.broadcast(error)
         if error is not None:
             raise error
+
+    def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath) -> None:
+        """Lightning's check at fit start (``Checkpoint directory ... exists and is not empty``), without this
+        callback's own lock file, which ``lock_early`` put there first: a brand-new run's folder is empty."""
+        from lightning.pytorch.utilities import rank_zero_warn
+
+        if self.save_top_k == 0 or not self._fs.isdir(dirpath):
+            return
+        if any(os.path.basename(str(p).rstrip("/")) != LOCK for p in self._fs.ls(dirpath, detail=False)):
+            rank_zero_warn(f"Checkpoint directory {dirpath} exists and is not empty.")
 
     def lock_early(self, trainer) -> None:
         """Take the lock before ``trainer.fit`` (rank 0; the CLI calls it); ``setup`` finds it held."""

@@ -233,6 +233,7 @@ def _run_cli(args: Optional[list[str]]):
             auto_configure_optimizers=False,
             save_config_kwargs={"overwrite": True},
             seed_everything_default=42,
+            trainer_defaults={"enable_model_summary": False},  # fit prints the library's own count (issue 35)
             args=args,
         )
     finally:
