@@ -15,9 +15,11 @@ lm-eval's convention: a count, or a fraction below 1) and each metric is logged 
   ranks together (``scalevec_lit/evaluate/lm.py``). Tensor parallelism is refused.
 - Resumable: the steps evaluated and their metrics are in the checkpoint; a resumed run evaluates at the same
   steps (a step the checkpoint was saved at before its evaluation ran is evaluated on resume).
-- Costs nothing between its steps: one modulo per batch; lm-eval is imported and the tasks built at the
-  first evaluation step (then kept). The random generators are left as they were, so training continues
-  exactly as without the callback.
+- Checks its task names at set-up, before the first training step (lm-eval is imported and its index of the
+  tasks built then, once): a misspelled task stops the run with the close names, not after
+  ``every_n_steps`` of training.
+- Costs nothing between its steps: one modulo per batch. The random generators are left as they were, so
+  training continues exactly as without the callback.
 - The tokenizer is the one the training data was prepared with (its ``meta.json``), or ``tokenizer``.
 """
 from __future__ import annotations
@@ -69,7 +71,7 @@ class DownstreamEval(Callback):
         self.include_path = [include_path] if isinstance(include_path, str) else list(include_path or [])
         self.last_step: Optional[int] = None  #: the last step evaluated
         self.history: dict[int, dict[str, float]] = {}  #: step → {"<task>/<metric>": value}
-        self._manager = None  # lm-eval's task index, built at the first evaluation
+        self._manager = None  # lm-eval's task index, built at set-up (or the first evaluation)
 
     @property
     def state_key(self) -> str:
@@ -100,6 +102,16 @@ class DownstreamEval(Callback):
         if isinstance(tp, int) and tp > 1:
             raise UserError("DownstreamEval", f"tensor_parallel_size {tp}", "evaluates with data parallelism only "
                             "(DDP, FSDP2)", "set trainer.strategy.tensor_parallel_size: 1 or remove the callback")
+        self.tasks_index()  # every task name checked now, before the first training step (issue 32)
+
+    def tasks_index(self):
+        """lm-eval's index of the tasks (built once; an unknown name is a ``UserError`` with the close names)."""
+        from scalevec_lit.evaluate.harness import task_manager
+
+        if self._manager is None:
+            self._manager = task_manager(self.tasks, self.include_path or None, key="DownstreamEval.tasks",
+                                         include_key="DownstreamEval.include_path")
+        return self._manager
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
@@ -128,13 +140,11 @@ class DownstreamEval(Callback):
 
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
         """Run the tasks now; log and return ``{"<task>/<metric>": value}`` (the same on every rank)."""
-        from scalevec_lit.evaluate.harness import kept_random_state, metrics, run_tasks, task_manager
+        from scalevec_lit.evaluate.harness import kept_random_state, metrics, run_tasks
         from scalevec_lit.evaluate.lm import ScaleVecLM
 
         step = trainer.global_step
-        if self._manager is None:
-            self._manager = task_manager(self.tasks, self.include_path or None, key="DownstreamEval.tasks",
-                                         include_key="DownstreamEval.include_path")
+        manager = self.tasks_index()
         model = pl_module.model
         lm = ScaleVecLM(model, self._tokenizer(trainer), batch_size=self.batch_size, device=pl_module.device,
                         max_gen_toks=self.max_gen_toks, forward_context=trainer.precision_plugin.forward_context,
@@ -143,7 +153,7 @@ class DownstreamEval(Callback):
         model.eval()
         try:
             with kept_random_state():
-                results = run_tasks(lm, self.tasks, self._manager, limit=self.limit, num_fewshot=self.num_fewshot,
+                results = run_tasks(lm, self.tasks, manager, limit=self.limit, num_fewshot=self.num_fewshot,
                                     seed=self.seed, bootstrap_iters=0)
         finally:
             model.train(was_training)

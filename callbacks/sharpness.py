@@ -4,7 +4,8 @@ et al. 2021 and 2022).
 
 At step 0 (before the first update) and after every ``every_n_steps``-th optimizer step it takes the batch
 it drew once from the validation loader (the first ``batch_size`` rows of its first batch, kept on the
-device and in the callback's checkpoint state), evaluates the training objective on it (next-token
+device and in the callback's checkpoint state; a run resumed with other arguments keeps it unless
+``batch_size`` changed, and says so in one line: ``_sharpness_state.py``), evaluates the training objective on it (next-token
 cross-entropy plus the MoE auxiliary losses) with the model in eval mode (no MoE balancing update, no
 recorded statistic changes), and logs for each parameter subset in ``params``:
 
@@ -48,13 +49,12 @@ from torch import nn
 
 from scalevec_lit.errors import UserError
 from scalevec_lit.scale.registry import scale_parameters
-from scalevec_lit.scale.sites import INPUT, OUTPUT
 
 from ._hessian import NOT_YET, hessian_operator, lanczos, preconditioner, scaled
+from ._sharpness_state import CONFIG_KEYS, SUBSETS, check_arguments, legacy_state, monitor_key, resumed_state, say
 
 __all__ = ["SharpnessMonitor"]
 
-SUBSETS = ("all", "matrices", "scales", f"scales:{INPUT}", f"scales:{OUTPUT}")
 TAG = "sharpness"
 
 
@@ -135,21 +135,7 @@ class SharpnessMonitor(Callback):
         params: Sequence[str] = ("all",),
         precondition: bool = True,
     ) -> None:
-        checks = [("every_n_steps", every_n_steps, every_n_steps >= 1, "must be >= 1"),
-                  ("top_k", top_k, top_k >= 1, "must be >= 1"),
-                  ("iterations", iterations, iterations >= top_k, f"must be >= top_k ({top_k})"),
-                  ("tol", tol, tol > 0, "must be > 0"),
-                  ("batch_size", batch_size, batch_size is None or batch_size >= 1, "must be >= 1 or null (all rows)")]
-        for key, value, ok, fix in checks:
-            if not ok:
-                raise ValueError(f"SharpnessMonitor.{key}: {value} {fix}")
-        params = [params] if isinstance(params, str) else list(params)
-        for subset in params:
-            if subset not in SUBSETS:
-                raise ValueError(f"SharpnessMonitor.params: {subset!r} is not a parameter subset; use some of "
-                                 f"{', '.join(SUBSETS)}")
-        if not params or len(set(params)) != len(params):
-            raise ValueError(f"SharpnessMonitor.params: {params}: list each subset once, at least one")
+        params = check_arguments(every_n_steps, top_k, iterations, tol, seed, batch_size, params)
         self.every_n_steps, self.top_k, self.iterations = int(every_n_steps), int(top_k), int(iterations)
         self.tol, self.seed, self.batch_size = float(tol), int(seed), batch_size
         self.params, self.precondition = params, precondition
@@ -157,9 +143,12 @@ class SharpnessMonitor(Callback):
         self._device_batch: Optional[torch.Tensor] = None
         self._last_step: Optional[int] = None
         self._said: set[str] = set()
+        self._index: Optional[int] = None  # its position among the trainer's SharpnessMonitors (set up)
 
     # -- setup -----------------------------------------------------------------------------------------
     def setup(self, trainer: Any, pl_module: nn.Module, stage: str) -> None:
+        monitors = [cb for cb in getattr(trainer, "callbacks", None) or () if isinstance(cb, SharpnessMonitor)]
+        self._index = next((i for i, cb in enumerate(monitors) if cb is self), None)  # its checkpoint key
         name = type(trainer.strategy).__name__
         if "FSDP" in name or "ModelParallel" in name:
             raise UserError(
@@ -271,12 +260,28 @@ class SharpnessMonitor(Callback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(every_n_steps=self.every_n_steps, params=tuple(self.params))
+        """``SharpnessMonitor`` (``SharpnessMonitor[i]`` for the i-th of several) once set up: a run resumed with
+        other arguments finds its state (``_sharpness_state.py``); before set-up, keyed by its arguments."""
+        return monitor_key(self._index, self._generate_state_key(every_n_steps=self.every_n_steps,
+                                                                 params=tuple(self.params)))
+
+    def config(self) -> dict[str, Any]:
+        """The arguments saved with the state (compared on resume)."""
+        return {k: (list(getattr(self, k)) if k == "params" else getattr(self, k)) for k in CONFIG_KEYS}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"batch": self.batch, "last_step": self._last_step}
+        return {"batch": self.batch, "last_step": self._last_step, "config": self.config()}
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: nn.Module, checkpoint: dict[str, Any]) -> None:
+        states = checkpoint.get("callbacks") or {}
+        if self._index is not None and self.state_key not in states:  # saved under the arguments' key (earlier)
+            key, state = legacy_state(states, self._index)
+            if state is not None:
+                self.load_state_dict(dict(state))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.batch = state_dict.get("batch")
-        self._last_step = state_dict.get("last_step")
+        """Keep the saved batch and last measured step; drop the batch when ``batch_size`` changed, and say in
+        one line what was kept and dropped when the arguments changed."""
+        self.batch, self._last_step, line = resumed_state(state_dict, self.config())
         self._device_batch = None
+        say(line)

@@ -1,4 +1,5 @@
-"""The command line: ``python -m scalevec_lit {fit,validate,test,prepare,export,generate,study,import,convert,evaluate} ...``.
+"""The command line: ``python -m scalevec_lit {fit,validate,test,prepare,export,generate,study,import,convert,evaluate,
+inspect} ...`` (``--help``: every command, ``top_help``).
 
 ``fit``/``validate``/``test`` are LightningCLI subcommands over ``CausalLM`` and ``TokenDataModule``
 (YAML recipes, ``--print_config``); the data module's vocabulary and the model's sequence length are
@@ -41,6 +42,38 @@ EXTRA_COMMANDS = {
     "inspect": "scalevec_lit.inspect",  # scale vectors of a checkpoint or HF model: statistics, fold, figures
     "recipes": "scalevec_lit.recipe_lookup",  # the shipped recipes: list, show, copy (issue 35)
 }
+
+
+#: one line per command for ``python -m scalevec_lit --help`` (every command ``_dispatch`` runs)
+COMMAND_HELP = {
+    "fit": "train a model from a YAML recipe (--config recipes/smoke.yaml); resume with --ckpt_path last",
+    "validate": "the validation loss of a checkpoint (--ckpt_path) on a recipe's data",
+    "test": "the same on the test split",
+    "predict": "Lightning's predict loop (no use for a language model here)",
+    "prepare": "tokenize text, JSON Lines, parquet or a saved dataset into train/val chunks",
+    "export": "fold the scale vectors and write a Hugging Face or native model folder",
+    "generate": "continue a prompt with a checkpoint",
+    "study": "ablation studies: plan, run and report a grid of runs",
+    "import": "a Hugging Face checkpoint as a native model folder",
+    "convert": "a checkpoint to another scale strategy, exactly where the math allows",
+    "evaluate": "lm-eval tasks on a checkpoint or a Hugging Face folder",
+    "inspect": "the scale vectors of a checkpoint: statistics, fold, figures",
+    "recipes": "list, show and copy the recipes shipped with the package",
+}
+
+
+def top_help() -> str:
+    """What ``python -m scalevec_lit --help`` prints: every command, not only LightningCLI's."""
+    from .checks import LIGHTNING_COMMANDS
+
+    names = [*LIGHTNING_COMMANDS, *EXTRA_COMMANDS]
+    width = max(map(len, names))
+    lines = ["usage: python -m scalevec_lit COMMAND [options]", "",
+             "Pre-train dense and MoE language models with pluggable scale vectors.", "", "commands:"]
+    lines += [f"  {n:<{width}}  {COMMAND_HELP.get(n, '')}".rstrip() for n in names]
+    lines += ["", "python -m scalevec_lit COMMAND --help shows a command's options. Any command: --debug (or "
+              "SCALEVEC_DEBUG=1) shows the traceback of an error."]
+    return "\n".join(lines)
 
 
 def _known_keys(parser) -> list[str]:
@@ -127,9 +160,11 @@ class ScaleVecCLI(LightningCLI):
             verify_checkpoint(ckpt_path, full=False)
 
     def instantiate_classes(self) -> None:
+        from scalevec_lit.callbacks._cli_errors import own_sentence_first  # a class's own error, not jsonargparse's text
+
         from .lit.model_class import without_class_path
 
-        with without_class_path(self.config, self.subcommand):  # issue 25 (H1): not an argument of the class
+        with without_class_path(self.config, self.subcommand), own_sentence_first():  # H1: not an argument of the class
             super().instantiate_classes()
         if getattr(self, "trainer", None) is not None:
             from .lit.progress import install_step_progress_bar
@@ -202,6 +237,9 @@ def main(args: Optional[list[str]] = None):
 
 
 def _dispatch(argv: list[str]):
+    if argv and argv[0] in ("-h", "--help"):
+        print(top_help())
+        return None
     check_command(argv, EXTRA_COMMANDS)
     if argv[0] in EXTRA_COMMANDS:
         import importlib

@@ -118,12 +118,14 @@ def test_sgd_threshold_and_muon_says_once_that_it_has_none(recwarn):
 
 
 def test_arguments_are_checked():
-    with pytest.raises(ValueError, match=r"SharpnessMonitor.params: 'scales:middle' is not a parameter subset; "
+    with pytest.raises(ValueError, match=r"SharpnessMonitor.params: 'scales:middle': is not a parameter subset; "
                                          r"use some of all, matrices, scales, scales:input, scales:output"):
         SharpnessMonitor(params=["scales:middle"])
-    with pytest.raises(ValueError, match=r"SharpnessMonitor.iterations: 2 must be >= top_k \(3\)"):
+    with pytest.raises(ValueError, match=r"SharpnessMonitor.iterations: 2: must be a whole number >= top_k \(3\); "
+                                         r"set e.g. iterations: 20"):
         SharpnessMonitor(top_k=3, iterations=2)
-    with pytest.raises(ValueError, match=r"SharpnessMonitor.every_n_steps: 0 must be >= 1"):
+    with pytest.raises(ValueError, match=r"SharpnessMonitor.every_n_steps: 0: must be a whole number >= 1; set e.g. "
+                                         r"every_n_steps: 100"):
         SharpnessMonitor(every_n_steps=0)
 
 
