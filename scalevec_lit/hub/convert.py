@@ -129,8 +129,9 @@ def _transfer_checked(model: Transformer, source: Transformer, strategy: ScaleSt
 
 def exact_presets(model: Transformer, source: Transformer, probe: Probe, skip: ScaleStrategy) -> list[str]:
     """The presets (``PRESETS``) that convert ``model`` exactly (a copy, or a float64 transfer without a listed
-    change within ``tolerance``), ``skip`` left out: each one's conversion check, run."""
-    names, tol = [], tolerance(model.config)
+    change within ``tolerance`` that is also within ``written_tolerance`` in the model's dtype), ``skip`` left out:
+    each one's conversion check, run."""
+    names, tol, dtype = [], tolerance(model.config), next(model.parameters()).dtype
     refused = resolved_strategy(model.config, skip)
     for path in sorted(PRESETS.glob("*.yaml")) if PRESETS.is_dir() else []:
         try:
@@ -142,11 +143,16 @@ def exact_presets(model: Transformer, source: Transformer, probe: Probe, skip: S
                 continue
             if isinstance(strategy.vector, type) and not strategy.vector.invertible():
                 continue
-            _, report, moved = _transfer_checked(model, source, strategy, probe, measure_changed=False)
+            target, report, moved = _transfer_checked(model, source, strategy, probe, measure_changed=False)
         except (UserError, ValueError, NoInverse):
             continue
-        if not report.changes and moved <= tol:
-            names.append(path.stem)
+        if report.changes or not moved <= tol:
+            continue
+        if dtype != torch.float64:
+            lost, wtol, bad = _written_change(target.to(dtype), probe, model.config, dtype)
+            if bad or not lost <= wtol:
+                continue
+        names.append(path.stem)
     return names
 
 
@@ -192,16 +198,27 @@ def convert_model(model: Transformer, strategy: ScaleStrategy, *, allow_function
         target.config = dataclasses.replace(target.config, tie_embeddings=False)
     target = target.to(dtype).eval()
     if dtype != torch.float64:  # what the cast to the checkpoint's dtype loses: the written model, in float64
-        written = copy.deepcopy(target).double().eval()
-        lost, wtol = probe.change(written), written_tolerance(model.config, dtype)
-        del written
+        lost, wtol, bad = _written_change(target, probe, model.config, dtype)
+        name = str(dtype).replace("torch.", "")
+        if bad:  # never written, whatever --allow-function-change says: a checkpoint with Inf or NaN weights
+            raise UserError(key, value, f"the converted model does not fit in {name}, the checkpoint's dtype: "
+                            f"{', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''} overflow (a scale folded into "
+                            "weights beyond its range)", _advice(model, source, probe, strategy))
         if not lost <= wtol and not allow_function_change:
-            raise UserError(key, value, f"the model as written in {str(dtype).replace('torch.', '')} moves the logits "
-                            f"by {lost:.3g} relative (max |Δ| / max |logits|, computed in float64, {batch}) against "
-                            f"a tolerance of {wtol:.3g} (rounding every weight once to {str(dtype).replace('torch.', '')}"
-                            f": ε·(2L+1)·√w for {model.config.n_layer} layers of width up to {widest(model.config)}), "
-                            "although the float64 transfer kept the function", _advice(model, source, probe, strategy))
+            raise UserError(key, value, f"the model as written in {name} moves the logits by {lost:.3g} relative "
+                            f"(max |Δ| / max |logits|, computed in float64, {batch}) against a tolerance of {wtol:.3g} "
+                            f"(rounding every weight once to {name}: ε·(2L+1)·√w for {model.config.n_layer} layers of "
+                            f"width up to {widest(model.config)}), although the float64 transfer kept the function",
+                            _advice(model, source, probe, strategy))
     return target, report, moved
+
+
+def _written_change(target: Transformer, probe: Probe, config, dtype: torch.dtype) -> tuple[float, float, list[str]]:
+    """``(relative logits change, its tolerance, parameters not finite)`` of ``target`` (already cast to ``dtype``)
+    evaluated in float64 against the source's probe logits."""
+    bad = [n for n, p in target.named_parameters() if not bool(torch.isfinite(p).all())]
+    written = copy.deepcopy(target).double().eval()
+    return probe.change(written), written_tolerance(config, dtype), bad
 
 
 def _advice(model: Transformer, source: Transformer, probe: Probe, refused: ScaleStrategy) -> str:
