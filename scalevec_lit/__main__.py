@@ -13,4 +13,5 @@ from . import stopsignal
 stopsignal.install_for_imports(next((a for a in sys.argv[1:] if not a.startswith("-")), None))
 from .cli import main  # noqa: E402 - after the handlers, on purpose
 
-main()
+result = main()
+sys.exit(result if isinstance(result, int) else 0)  # a command's exit code (`study run`), not dropped

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from scalevec_lit import study as st
+from scalevec_lit.errors import UserError
 from scalevec_lit.study import report as st_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,16 +175,16 @@ def test_study_file_errors(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"variants": [{"name": "a"}], "baseline": "a",
                                    "claims": [{"title": "t", "expect": {"b": "lower"}}]}))
-    with pytest.raises(SystemExit, match="unknown variant 'b'"):
+    with pytest.raises(UserError, match=r"claims\[0\].expect: b: not a variant of this study"):
         st.load_study(bad)
     bad.write_text(yaml.safe_dump({"variants": [{"name": "a"}], "sedes": [1]}))
-    with pytest.raises(SystemExit, match="unknown keys"):
+    with pytest.raises(UserError, match="sedes: sedes: unknown key; did you mean `seeds`"):
         st.load_study(bad)
     bad.write_text(yaml.safe_dump({"variants": [{"name": "a"}]}))
-    with pytest.raises(SystemExit, match="the baseline 'baseline' is not a variant"):
+    with pytest.raises(UserError, match="baseline: baseline: not a variant of this study"):
         st.load_study(bad)
     bad.write_text(yaml.safe_dump({"variants": [{"name": "baseline"}], "primary": "best"}))
-    with pytest.raises(SystemExit, match="primary must be best_lr or pooled"):
+    with pytest.raises(UserError, match="primary must be best_lr or pooled"):
         st.load_study(bad)
 
 
@@ -358,7 +359,7 @@ def test_lr_from_takes_the_best_lr_of_another_study(tmp_path):
     assert "--model.optimizer.init_args.lr=0.003" in cmd
     missing = st.Study(name="c", base=[], args=[], seeds=[1], variants=[st.Variant("baseline")],
                        lr_from={"study": "nope"})
-    with pytest.raises(SystemExit, match="no complete runs"):
+    with pytest.raises(UserError, match="no complete runs"):
         st.resolve_lr_from(missing, results / "c" / "runs")
 
 
@@ -368,7 +369,7 @@ def test_resume_refuses_another_commit(tmp_path):
     study = st.Study(name="s", base=[], args=[], seeds=[1], variants=[st.Variant("baseline")])
     runner._meta(study, tmp_path, 1, {"commit": "a" * 40, "dirty": False}, False)
     runner._meta(study, tmp_path, 1, {"commit": "a" * 40, "dirty": False}, False)  # same commit: fine
-    with pytest.raises(SystemExit, match="made at commit a+"):
+    with pytest.raises(UserError, match="made at commit a+"):
         runner._meta(study, tmp_path, 1, {"commit": "b" * 40, "dirty": False}, False)
     runner._meta(study, tmp_path, 1, {"commit": "b" * 40, "dirty": False}, True)  # explicitly allowed
     meta = json.loads((tmp_path / "study_meta.json").read_text())

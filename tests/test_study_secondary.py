@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from scalevec_lit import study as st
+from scalevec_lit.errors import UserError
 from scalevec_lit.study import report as st_report
 from scalevec_lit.study import stats
 from scalevec_lit.study.secondary import endpoints_of, power_line, seeds_needed
@@ -41,14 +42,14 @@ def test_study_file_checks(tmp_path):
     assert study.secondary[0]["reference"] == "iwd" and study.power["level"] == 0.8
     line = power_line(study)
     assert f"needs {seeds_needed(0.02, 0.05)} seeds; the study has 4: enough" in line and "(source: study X)" in line
-    bad = [({"secondary": [{"tag": "x", "oops": 1}]}, "only"),
-           ({"secondary": [{"tag": "x", "expect": {"nope": "lower"}}]}, "unknown variant 'nope'"),
+    bad = [({"secondary": [{"tag": "x", "oops": 1}]}, r"secondary\[0\]\.oops: oops: unknown key"),
+           ({"secondary": [{"tag": "x", "expect": {"nope": "lower"}}]}, "nope: not a variant of this study"),
            ({"secondary": [{"tag": "x", "expect": {"decay_none": "up"}}]}, "must be lower or higher"),
            ({"power": {"pilot_sd": 0.1}}, "power needs `mde`"),
            ({"power": {"mde": 0.1, "endpoint": "val/other"}}, "neither `primary` nor a secondary tag"),
            ({"power": {"mde": -1}}, "mde must be > 0")]
     for change, message in bad:
-        with pytest.raises(SystemExit, match=message):
+        with pytest.raises(UserError, match=message):
             load_study(_write(tmp_path, {**SPEC, **change}))
     few = load_study(_write(tmp_path, {**SPEC, "seeds": [1, 2], "power": {"mde": 0.01, "pilot_sd": 0.02}}))
     assert "NOT enough" in power_line(few)

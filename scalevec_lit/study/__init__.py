@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from ..errors import RunError
+from .callback_check import check_callbacks
 from .events import collect_done, endpoint, read_scalars, run_endpoint
 from .runner import code_provenance, resolve_lr_from, run_study
 from .spec import (CKPT_DIR, DONE, RWD, VAL_TAG, Run, Study, Variant, fit_command, load_study, run_callbacks,
@@ -57,6 +59,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         from .estimate import DEFAULT_MFU, print_estimate
 
         study = load_study(args.study)
+        check_callbacks(study)  # every run's callbacks build from their arguments, before anything else
         print_estimate(study, Path(args.out or study.out), args.devices, args.device, args.mfu or DEFAULT_MFU)
         return 0
     if args.cmd == "run":
@@ -73,7 +76,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             from .report import write_report
 
             write_report(out.parent if out.name == "runs" else out, study)
-        return 1 if failed else 0
+        if failed:  # exit 1 (a failure at run time), so that `study run ... && study report ...` stops here
+            raise RunError("study", study.name, f"{failed} run(s) failed (the lines `[study] FAILED` above name each "
+                           "and its log.txt)", "read those logs, fix the cause and run the same command again: "
+                           "complete runs are skipped, interrupted ones resume")
+        return 0
     from .report import write_report
 
     study = load_study(args.study) if args.study else None

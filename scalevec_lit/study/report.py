@@ -23,6 +23,7 @@ from typing import Optional
 
 import yaml
 
+from ..errors import UserError
 from . import stats
 from .events import read_scalars, run_endpoint
 from .figures import plot_dynamics, plot_lr_sweep, plot_paired, plot_sharpness, plot_val
@@ -179,7 +180,8 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
         study = load_study(runs_dir / "study.yaml")
     runs = load_runs(runs_dir)
     if not runs:
-        raise SystemExit(f"study report: no complete runs ({DONE}) under {runs_dir}")
+        raise UserError(f"study report: {runs_dir}", "", f"no complete runs ({DONE}) there",
+                        "give the study's output folder (holding runs/), or run the study first")
     if study is None:
         names = sorted({r.variant for r in runs})
         study = Study(name=out.name, base=[], args=[], seeds=sorted({r.seed for r in runs}),

@@ -27,6 +27,7 @@ from typing import Optional
 
 import yaml
 
+from ..errors import UserError
 from ..stopsignal import StopSignal
 from .events import collect_done, endpoint, read_scalars, run_endpoint
 from .spec import CKPT_DIR, DONE, VAL_TAG, Run, Study, fit_command, fmt_lr, run_callbacks, run_dir
@@ -73,8 +74,9 @@ def resolve_lr_from(study: Study, out: Path) -> None:
             per_lr.setdefault(run.lr, []).append(run_endpoint(d))
     lr = best_lr(per_lr)
     if lr is None:
-        raise SystemExit(f"study: lr_from: no complete runs of {variant!r} with an LR in study "
-                         f"{study.lr_from['study']!r} (looked in {src})")
+        raise UserError(f"{study.path or study.name}: lr_from", study.lr_from["study"],
+                        f"no complete runs of {variant!r} with an LR in that study (looked in {src})",
+                        "run that study first, or give this study its own lrs")
     study.lrs = [lr]
     study.lr_from = {**study.lr_from, "resolved_lr": lr,
                      "endpoints": {fmt_lr(k): v for k, v in sorted(per_lr.items())}}
@@ -167,9 +169,9 @@ def _meta(study: Study, out: Path, parallel: int, provenance: dict, allow_code_c
     path = out / "study_meta.json"
     meta = json.loads(path.read_text()) if path.exists() else {}
     if meta.get("code") and meta["code"].get("commit") != provenance["commit"] and not allow_code_change:
-        raise SystemExit(f"study: runs in this folder were made at commit {meta['code']['commit']}; the code "
-                         f"now is {provenance['commit']}. Continue from a worktree at that commit, or pass "
-                         "--allow-code-change")
+        raise UserError(f"study: {out}", provenance["commit"],
+                        f"runs in this folder were made at commit {meta['code']['commit']}, the code now is at "
+                        "another", "continue from a worktree at that commit, or pass --allow-code-change")
     out_arg = f" --out {out}" if not out.is_absolute() else ""
     meta.setdefault("started", now())
     meta.setdefault("code", provenance)
@@ -200,6 +202,9 @@ def run_study(study: Study, out: Path, parallel: int = 1, dry_run: bool = False,
         print(f"[study] {power_line(study)}", flush=True)
     if not todo:  # nothing to run: no provenance check, no meta update
         return 0
+    from .callback_check import check_callbacks
+
+    check_callbacks(study)  # every callback of the runs builds from its arguments, before the first run
     if dry_run:
         for r in todo:
             print(" ".join(fit_command(study, study.variant(r.variant), r.seed, out / r.rel(), r.lr)))

@@ -25,52 +25,6 @@ from typing import Optional
 
 from . import stats
 
-SECONDARY_KEYS = {"tag", "evals", "expect", "reference", "name", "log"}
-POWER_KEYS = {"mde", "pilot_sd", "level", "endpoint", "source"}
-
-
-def check_secondary(raw: object, path: Path, variants: list[str], baseline: str) -> list[dict]:
-    """The ``secondary`` list of a study file, checked (unknown keys, variants, directions)."""
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise SystemExit(f"study: {path}: secondary must be a list of {{tag, evals, expect}}, not {raw!r}")
-    out = []
-    for item in raw:
-        if not isinstance(item, dict) or "tag" not in item or set(item) - SECONDARY_KEYS:
-            raise SystemExit(f"study: {path}: a secondary endpoint needs `tag` and only "
-                             f"{sorted(SECONDARY_KEYS)} ({item!r})")
-        ref = item.get("reference", baseline)
-        for name, direction in (item.get("expect") or {}).items():
-            if name not in variants or ref not in variants:
-                raise SystemExit(f"study: {path}: secondary {item['tag']!r} names unknown variant "
-                                 f"{name if name not in variants else ref!r}")
-            if direction not in ("lower", "higher"):
-                raise SystemExit(f"study: {path}: secondary {item['tag']!r}: expect {name}: {direction!r} must be "
-                                 "lower or higher")
-        evals = int(item.get("evals", 3))
-        if evals < 1:
-            raise SystemExit(f"study: {path}: secondary {item['tag']!r}: evals must be at least 1")
-        out.append({"tag": str(item["tag"]), "evals": evals, "expect": dict(item.get("expect") or {}),
-                    "reference": ref, "name": str(item.get("name", item["tag"])), "log": bool(item.get("log", False))})
-    return out
-
-
-def check_power(raw: object, path: Path, tags: list[str]) -> Optional[dict]:
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or set(raw) - POWER_KEYS or "mde" not in raw:
-        raise SystemExit(f"study: {path}: power needs `mde` and only {sorted(POWER_KEYS)} ({raw!r})")
-    mde, sd, level = float(raw["mde"]), raw.get("pilot_sd"), float(raw.get("level", 0.8))
-    if not (mde > 0 and math.isfinite(mde)) or not 0.5 <= level < 1.0:
-        raise SystemExit(f"study: {path}: power: mde must be > 0 and level in [0.5, 1) ({raw!r})")
-    endpoint = raw.get("endpoint", "primary")
-    if endpoint != "primary" and endpoint not in tags:
-        raise SystemExit(f"study: {path}: power.endpoint {endpoint!r} is neither `primary` nor a secondary tag "
-                         f"({tags})")
-    return {"mde": mde, "pilot_sd": None if sd is None else float(sd), "level": level, "endpoint": endpoint,
-            "source": str(raw.get("source", ""))}
-
 
 def seeds_needed(sd: float, mde: float, alpha: float = 0.05, level: float = 0.8, most: int = 1000) -> Optional[int]:
     """The fewest pairs n for which the paired t-test's MDE, (t_{1-α/2,n-1} + t_{level,n-1}) · sd/√n, is at

@@ -38,16 +38,12 @@ from typing import Optional
 
 import yaml
 
+from .checks import LR_ARG, bad, validate
+
 DONE = "done.json"
 RWD = "scalevec_lit.callbacks.RoleWeightDecay"
 CKPT_DIR = "checkpoints"
 VAL_TAG = "val/loss"
-LR_ARG = "--model.optimizer.init_args.lr"
-
-STUDY_KEYS = {"name", "base", "args", "seeds", "variants", "callbacks", "decay", "baseline", "out", "claims",
-              "dynamics", "keep_checkpoints", "description", "lrs", "lr_arg", "lr_from", "endpoint_evals",
-              "primary", "alpha", "preregistration", "secondary", "power"}
-VARIANT_KEYS = {"name", "configs", "args", "decay", "lrs"}
 
 
 @dataclass
@@ -116,58 +112,19 @@ def fmt_lr(lr: float) -> str:
 
 
 def load_study(path: str | Path) -> Study:
-    """Read and check a study YAML (a path, or a shipped study's name: ``ablation/claims_cpu``); the recipe
-    paths in it are relative to the current folder, and ``recipes/...`` names a shipped recipe where no such
-    file is there (``scalevec_lit/recipe_lookup.py``)."""
-    from ..recipe_lookup import recipe_path
-
-    path = recipe_path(path)
-    raw = yaml.safe_load(path.read_text())
-    if not isinstance(raw, dict):
-        raise SystemExit(f"study: {path} is not a mapping")
-    unknown = set(raw) - STUDY_KEYS
-    if unknown:
-        raise SystemExit(f"study: {path}: unknown keys {sorted(unknown)}")
-    variants = []
-    for v in raw.get("variants") or []:
-        extra = set(v) - VARIANT_KEYS
-        if "name" not in v or extra:
-            raise SystemExit(f"study: {path}: a variant needs a name and only configs/args/decay/lrs ({v})")
-        lrs = [float(x) for x in v["lrs"]] if v.get("lrs") is not None else None
-        variants.append(Variant(v["name"], list(v.get("configs") or []), [str(a) for a in v.get("args") or []],
-                                v.get("decay"), lrs))
-    names = [v.name for v in variants]
-    if not variants or len(set(names)) != len(names):
-        raise SystemExit(f"study: {path}: variants must be given, with distinct names ({names})")
-    base = raw.get("base") or []
-    base = [base] if isinstance(base, str) else list(base)
-    name = raw.get("name", path.stem)
-    study = Study(
-        name=name, base=base, args=[str(a) for a in raw.get("args") or []],
-        seeds=[int(s) for s in raw.get("seeds") or [1]], variants=variants, callbacks=dict(raw.get("callbacks") or {}),
-        decay=raw.get("decay", "iwd"), baseline=raw.get("baseline", "baseline"),
-        out=raw.get("out") or f"results/{name}/runs", claims=list(raw.get("claims") or []),
-        dynamics=list(raw.get("dynamics") or []), keep_checkpoints=bool(raw.get("keep_checkpoints", False)), path=path,
-        lrs=[float(x) for x in raw.get("lrs") or []], lr_arg=raw.get("lr_arg", LR_ARG), lr_from=raw.get("lr_from"),
-        endpoint_evals=int(raw.get("endpoint_evals", 2)), primary=raw.get("primary", "best_lr"),
-        alpha=float(raw.get("alpha", 0.05)), preregistration=str(raw.get("preregistration") or ""),
-        description=str(raw.get("description") or ""),
-    )
-    if study.primary not in ("best_lr", "pooled"):
-        raise SystemExit(f"study: {path}: primary must be best_lr or pooled, not {study.primary!r}")
-    if study.lr_from is not None and (not isinstance(study.lr_from, dict) or "study" not in study.lr_from):
-        raise SystemExit(f"study: {path}: lr_from needs {{study: <name>, variant: <name>}}")
-    if study.baseline not in names:
-        raise SystemExit(f"study: {path}: the baseline {study.baseline!r} is not a variant")
-    from .secondary import check_power, check_secondary
-
-    study.secondary = check_secondary(raw.get("secondary"), path, names, study.baseline)
-    study.power = check_power(raw.get("power"), path, [s["tag"] for s in study.secondary])
-    for c in study.claims:
-        for n in list((c.get("expect") or {})) + [c.get("reference", study.baseline)]:
-            if n not in names:
-                raise SystemExit(f"study: {path}: claim {c.get('title')!r} names unknown variant {n!r}")
-    return study
+    """Read a study YAML and check all of it (``checks.py``) before anything runs; paths in it are relative to
+    the current folder (the repository). A mistake is one ``UserError`` naming the file, the key and the fix."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise bad(path, "(the file)", path, f"cannot be read ({err.strerror or err})",
+                  "give the path of a study file, e.g. recipes/ablation/claim1_lr_cpu.yaml") from None
+    except yaml.YAMLError as err:
+        raise bad(path, "(the file)", "YAML", " ".join(str(err).split()), "correct the YAML syntax there") from None
+    values = validate(raw, path)
+    variants = [Variant(**v) for v in values.pop("variants")]
+    return Study(**values, variants=variants, path=path)
 
 
 def _base_callbacks(study: Study) -> list:
