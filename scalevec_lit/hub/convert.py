@@ -278,6 +278,7 @@ def convert_checkpoint(ckpt: str | Path, strategy: str | Path, out: str | Path, 
     OutputFolder(out, command="convert", inputs=sources, overwrite=overwrite).check()  # before the long read
     spec, state, extra = read_checkpoint_extra(ckpt)
     model = model_from_state(spec, state)
+    _check_finite(model, str(ckpt))
     tok, note = find_tokenizer(ckpt, tokenizer, recorded=extra.get("tokenizer"))
     target, report, moved = convert_model(model, read_strategy(strategy, model.strategy.eps),
                                           allow_function_change=allow_function_change, value=str(strategy))

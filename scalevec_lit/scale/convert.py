@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from .sites import NormSite, OutputNorm, ScaleSite
-from .vector import NoInverse, ScaleVector
+from .vector import NoInverse, ScaleVector, check_finite
 
 __all__ = ["NoInverse", "Transfer", "set_scale_", "transfer_"]
 
@@ -54,8 +54,10 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 def set_scale_(vector: ScaleVector, gamma: torch.Tensor) -> bool:
     """Set ``vector``'s parameters so that ``vector() == gamma`` through its inverse (``set_gamma_``); False
     (nothing changed) when it cannot produce that γ. Raises ``NoInverse`` for a class without an inverse, and
-    ``ValueError`` when its inverse claims a γ that it then does not produce (a bug in that class)."""
+    ``ValueError`` when its inverse claims a γ that it then does not produce (a bug in that class), or for a γ with a
+    NaN or Inf entry (``check_finite``: refused before any inverse runs)."""
     gamma = gamma.detach()
+    check_finite(vector, gamma)
     before = [p.detach().clone() for p in vector.parameters()]
     ok = vector.set_gamma_(gamma)
 

@@ -86,8 +86,10 @@ class ScaleStrategy:
         eps: epsilon of every RMS normalization.
         magnitude_before_norm: give an input-side scale whose every consumer normalizes its output
             (``dual_norm`` on all the branches that read it: q and k of ``unified`` with HG) the
-            parameterization's separate magnitude. The function cannot see γ's size there (the per-head
-            RMS divides it out): the magnitude would get no gradient and decay would shrink it toward 0
+            parameterization's separate magnitude. The function sees γ's size there only through the
+            norm's ε (the per-head RMS divides the size out of a / √(mean a² + ε) up to ε: scaling γ by c moves
+            each head's output by less than ε (1 − 1/c²) / (2 mean a²) relative, a few 1e-6): the magnitude would
+            get a gradient about 1e-6 of the other scales' and decay would shrink it toward 0 nearly
             unopposed. ``false`` (the ``unified*`` presets): such a scale is its direction only
             (``ScaleVector.without_magnitude``; no change for parameterizations without a magnitude).
             Default ``true``: models, specs and checkpoints written before the option keep their parameters.

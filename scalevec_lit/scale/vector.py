@@ -16,15 +16,23 @@ asks which class a vector is):
   the whole vector (``input``: a linear map absorbs it; ``output``: none does), never the parameterization.
 - **identity**: ``is_identity`` is True only for a parameterization that is γ ≡ 1 with no parameter
   (``NoScale``): callers then skip the multiply.
-- **the inverse**: ``set_gamma_(gamma)`` sets the parameters so that ``forward()`` returns ``gamma`` (up to
-  rounding of the vector's dtype) and returns True, or returns False and changes nothing when no parameter value
-  produces that γ (a direction-only vector and a γ of RMS ≠ 1, an ``exp`` magnitude and γ ≡ 0, ``NoScale`` and
-  γ ≠ 1). ``convert`` and ``import`` write every scale through it (``scale.convert.set_scale_``, which also
-  checks the result). A class that does not implement it *says so*: ``invertible`` is False and ``set_gamma_``
-  raises ``NoInverse`` naming the class; ``convert`` then refuses a target strategy that uses it, by name
-  (converting to the same strategy is a copy and needs no inverse).
-- optional: ``without_magnitude()`` (the class without its separate magnitude, for a γ whose size no consumer
-  sees) and ``conserved(...)`` (what gradient flow conserves, for the monitor).
+- **the inverse**: ``set_gamma_(gamma)`` sets the parameters so that ``forward()`` returns ``gamma`` (up to rounding
+  of the vector's dtype) and returns True, or returns False and changes nothing when no parameter value produces
+  that γ (a direction-only vector and a γ of RMS ≠ 1, an ``exp`` magnitude and γ ≡ 0, ``NoScale`` and γ ≠ 1,
+  exactly). A γ with a NaN or Inf entry is an error, not a γ to hold: the shipped classes raise ``ValueError``
+  naming the class and change nothing (``check_finite``), and ``scale.convert.set_scale_`` checks it before any
+  class's inverse runs. **What it may read**: its own parameters, which always hold valid values: in ``convert``
+  (and ``import --strategy``, which converts) the vector is as its class constructs it (``__init__``, i.e.
+  ``reset_parameters``'s state) when its inverse runs, so an inverse may keep some parameters and solve for the
+  others (a low-rank γ = 1 + U v that keeps its basis U and solves for v; a trim it leaves as it is); elsewhere they
+  hold whatever the vector held before. It is called under ``torch.no_grad()``, with ``gamma`` of shape ``[dim]`` in
+  the vector's dtype (float64 in ``convert``). ``convert`` and ``import`` write every scale through it
+  (``scale.convert.set_scale_``, which also checks the result and restores the parameters when the inverse says
+  False or claims a γ it does not produce). A class that does not implement it *says so*: ``invertible`` is False
+  and ``set_gamma_`` raises ``NoInverse`` naming the class; ``convert`` then refuses a target strategy that uses it,
+  by name (converting to the same strategy is a copy and needs no inverse).
+- optional: ``without_magnitude()`` (the class without its separate magnitude, for a γ whose size its consumers
+  see only through a norm's ε) and ``conserved(...)`` (what gradient flow conserves, for the monitor).
 
 New parameterizations are new subclasses, chosen in YAML with ``class_path`` (see ``ScaleStrategy.vector``);
 nothing else in the library needs to change.
@@ -39,7 +47,7 @@ import torch
 from torch import nn
 
 __all__ = ["DirectionScale", "ExpMagnitudeDirectionScale", "MagnitudeDirectionScale", "NoInverse", "NoScale",
-           "PlainScale", "ScaleVector", "UnitOffsetScale"]
+           "PlainScale", "ScaleVector", "UnitOffsetScale", "check_finite"]
 
 
 class NoInverse(NotImplementedError):
@@ -51,6 +59,19 @@ class NoInverse(NotImplementedError):
             f"{cls.__module__}.{cls.__qualname__} has no inverse (ScaleVector.set_gamma_): nothing can set it to a "
             "given γ; implement set_gamma_(gamma) -> bool in the class (set the parameters so that forward() returns "
             "gamma, or return False when none does)")
+
+
+def check_finite(vector: "ScaleVector", gamma: torch.Tensor) -> None:
+    """Raise ``ValueError`` (one line: the class, the entries, the fix) when ``gamma`` has a NaN or an Inf entry: no
+    parameter value of a scale vector should hold one. Every shipped ``set_gamma_`` calls it first, and
+    ``scale.convert.set_scale_`` before any class's inverse."""
+    bad = ~torch.isfinite(gamma)
+    if bool(bad.any()):
+        cls, where = type(vector), bad.flatten().nonzero()[:3].flatten().tolist()
+        raise ValueError(f"{cls.__module__}.{cls.__qualname__}.set_gamma_: γ has {int(bad.sum())} non-finite "
+                         f"entr{'y' if int(bad.sum()) == 1 else 'ies'} (NaN or Inf; first at index "
+                         f"{', '.join(map(str, where))}), which no scale vector holds; nothing was changed: take γ "
+                         "from a model whose values are finite (a checkpoint written before the values diverged)")
 
 
 class ScaleVector(nn.Module):
@@ -73,8 +94,10 @@ class ScaleVector(nn.Module):
 
     def set_gamma_(self, gamma: torch.Tensor) -> bool:
         """The inverse: set the parameters so that ``forward()`` returns ``gamma`` and return True; return False
-        (parameters unchanged) when no parameter value produces it. Called under ``torch.no_grad()``. The base
-        class has none (``invertible`` is False): it raises ``NoInverse``."""
+        (parameters unchanged) when no parameter value produces it; raise ``ValueError`` for a non-finite γ
+        (``check_finite``). Called under ``torch.no_grad()``; it may read the parameters it keeps, which hold
+        valid values (in ``convert``: as the class constructs them). The base class has none (``invertible`` is
+        False): it raises ``NoInverse``."""
         raise NoInverse(type(self))
 
     @classmethod
@@ -93,8 +116,9 @@ class ScaleVector(nn.Module):
 
     def without_magnitude(self) -> "ScaleVector | None":
         """The same parameterization without its separate magnitude (a new module), or ``None`` when it has
-        none. Used where the function cannot see γ's size: in front of a normalization of every consumer's
-        output (``ScaleStrategy.magnitude_before_norm``), a magnitude would be a parameter without gradient."""
+        none. Used in front of a normalization of every consumer's output (``ScaleStrategy.magnitude_before_norm``),
+        where the function sees γ's size only through that norm's ε (``DirectionScale``): a magnitude there would
+        get a gradient about 1e-6 of the other scales' and decay would shrink it nearly unopposed."""
         return None
 
     def conserved(self, col_sq: torch.Tensor, gamma: torch.Tensor, parts: dict[str, torch.Tensor]):
@@ -121,7 +145,8 @@ class NoScale(ScaleVector):
         return True
 
     def set_gamma_(self, gamma: torch.Tensor) -> bool:
-        """Only γ ≡ 1."""
+        """Only γ ≡ 1, exactly (a γ of 1 + 1e-3, or one rounding step away from 1, is refused: False)."""
+        check_finite(self, gamma)
         return bool(torch.equal(gamma, torch.ones_like(gamma)))
 
 
@@ -140,7 +165,8 @@ class PlainScale(ScaleVector):
         nn.init.constant_(self.scale, self.init)
 
     def set_gamma_(self, gamma: torch.Tensor) -> bool:
-        """``w = γ``: every γ."""
+        """``w = γ``: every finite γ."""
+        check_finite(self, gamma)
         self.scale.copy_(gamma)
         return True
 
@@ -163,7 +189,8 @@ class UnitOffsetScale(ScaleVector):
         nn.init.zeros_(self.scale)
 
     def set_gamma_(self, gamma: torch.Tensor) -> bool:
-        """``w = γ − 1``: every γ."""
+        """``w = γ − 1``: every finite γ."""
+        check_finite(self, gamma)
         self.scale.copy_(gamma - 1.0)
         return True
 
@@ -178,9 +205,12 @@ def _unit_rms(alpha: torch.Tensor, eps: float) -> torch.Tensor:
 
 class DirectionScale(ScaleVector):
     """γ = α / RMS(α): a direction only, α initialised to 1 (so γ starts at exactly 1). What a
-    magnitude-direction parameterization becomes in front of a normalization that makes γ's size invisible
-    (``without_magnitude``). The RMS is floored at 1e-12 (α = 0), not shifted by an ε, so that any γ of unit
-    RMS, γ ≡ 1 included, is held exactly (``scale.convert.set_scale_``)."""
+    magnitude-direction parameterization becomes in front of a normalization that divides γ's size out
+    (``without_magnitude``): there a size is seen only through that norm's ε. A per-head norm computes
+    a / √(mean a² + ε); with γ (so a) scaled by c it gives a / √(mean a² + ε / c²), so each head's output moves by
+    the factor √((m + ε) / (m + ε / c²)), m = mean a² of that head: less than ε (1 − 1/c²) / (2 m) relative, a
+    few 1e-6 at initialisation widths, never zero (docs/PAPER.md §3). The RMS of α is floored at 1e-12 (α = 0), not
+    shifted by an ε, so that any γ of unit RMS, γ ≡ 1 included, is held exactly (``scale.convert.set_scale_``)."""
 
     def __init__(self, dim: int) -> None:
         super().__init__(dim)
@@ -193,7 +223,8 @@ class DirectionScale(ScaleVector):
         nn.init.ones_(self.direction)
 
     def set_gamma_(self, gamma: torch.Tensor) -> bool:
-        """``α = γ``, for a γ of unit RMS only (γ ≡ 1 included): a direction cannot hold a size."""
+        """``α = γ``, for a γ of unit RMS only (γ ≡ 1 included): a direction cannot hold a size (False, α unchanged)."""
+        check_finite(self, gamma)
         if float((gamma.double().pow(2).mean() - 1.0).abs()) > 64 * torch.finfo(gamma.dtype).eps:
             return False
         self.direction.copy_(gamma)
@@ -203,6 +234,7 @@ class DirectionScale(ScaleVector):
 def _set_magnitude_direction_(vec, gamma: torch.Tensor, exp: bool) -> bool:
     """``α = γ / RMS(γ)``, ``β = RMS(γ)·√(1 + ε)`` (the ε inside ``RMS(α) = √(mean α² + ε)`` undone exactly; α carries
     the signs, β > 0); ``b = ln β`` for the exp form, which cannot hold γ ≡ 0."""
+    check_finite(vec, gamma)
     rms = float(gamma.double().pow(2).mean().sqrt())
     if not math.isfinite(rms) or (rms == 0.0 and exp):
         return False
