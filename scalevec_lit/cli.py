@@ -24,6 +24,7 @@ import re
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 
+from .callbacks._cli_errors import argument_sentence_first  # a class's own argument error first (issue 32)
 from .checks import check_command, check_config, check_config_files
 from .data.datamodule import TokenDataModule
 from .errors import debug_enabled, one_paragraph, run_guarded
@@ -93,6 +94,7 @@ class ScaleVecArgumentParser(LightningArgumentParser):
     """Adds the fix to jsonargparse's errors: for an unknown key, the closest known keys."""
 
     def error(self, message: str, ex: Exception | None = None):
+        message = argument_sentence_first(message)  # a class's argument in a Union: that sentence, not the Union text
         group = re.search(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
         unknown = re.search(r"does not accept option '([\w.]+)'|[Uu]nrecognized arguments: --([\w.]+)", message)
         key = f"{group.group(1)}.{group.group(2)}" if group else (unknown and (unknown.group(1) or unknown.group(2)))

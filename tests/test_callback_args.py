@@ -1,5 +1,6 @@
 """Callback arguments (issue 32, item 6): a bad ``SharpnessMonitor`` / ``DownstreamEval`` argument is the class's own
-one line on the command line (not jsonargparse's Union text around it); ``DownstreamEval`` checks its task names
+one line on the command line (not jsonargparse's Union text around it), and jsonargparse's refusal of a type or an
+unknown argument names the class and the argument first; ``DownstreamEval`` checks its task names
 at set-up; a ``SharpnessMonitor`` resumed with other arguments finds its state, keeps its held-out batch unless
 ``batch_size`` changed, and says in one line what it keeps and what it drops.
 """
@@ -41,12 +42,20 @@ def test_a_bad_callback_argument_is_the_classs_own_line(prepared_data, tmp_path,
     assert "Union" not in text and "Given value" not in text
 
 
-def test_jsonargparse_s_own_type_errors_pass_unchanged(prepared_data, tmp_path, capfd, monkeypatch):
+@pytest.mark.parametrize("init_args, line", [
+    ("{every_n_steps: abc}", "error: trainer.callbacks: SharpnessMonitor.every_n_steps: Expected a <class 'int'>. Got "
+     "value: abc; see its arguments: python -m scalevec_lit fit --trainer.callbacks.help "
+     "scalevec_lit.callbacks.SharpnessMonitor"),
+    ("{every_n_step: 2}", "error: trainer.callbacks: SharpnessMonitor.every_n_step: not an argument of "
+     "SharpnessMonitor; did you mean 'every_n_steps'?"),
+], ids=["type", "unknown"])
+def test_jsonargparse_s_refusal_of_an_argument_names_the_class_and_argument_first(prepared_data, tmp_path, capfd,
+                                                                                  monkeypatch, init_args, line):
     monkeypatch.chdir(tmp_path)
-    cfg = callbacks_yaml(tmp_path, "scalevec_lit.callbacks.SharpnessMonitor", "{precondition: [1, 2]}")
+    cfg = callbacks_yaml(tmp_path, "scalevec_lit.callbacks.SharpnessMonitor", init_args)
     code, text = main_in_process(capfd, smoke_args(prepared_data, tmp_path, 1, "--config", cfg))
     errors = [t for t in text.splitlines() if t.startswith("error: ")]
-    assert code == 2 and len(errors) == 1 and "precondition" in errors[0], text[-2000:]
+    assert code == 2 and errors == [line], text[-2000:]
 
 
 # -- DownstreamEval: the task names at set-up -------------------------------------------------------------------
