@@ -1,8 +1,18 @@
-"""Reading a run's TensorBoard events, and a run's endpoint (the mean of its last validation losses)."""
+"""Reading a run's TensorBoard events, and a run's endpoint (the mean of its last scheduled validation losses).
+
+A run validates on a schedule (every ``val_check_interval`` steps and at the final step), and Lightning
+validates once more at the step where a run stops on a signal; a resumed run keeps that extra point in its
+events. The endpoint is taken from the scheduled validations only (``validation_schedule``, ``scheduled``), so
+an interrupted and resumed run has the endpoint of the uninterrupted one.
+"""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Optional
+
+STOP_RE = re.compile(r"stopped by SIG\w+ at step (\d+)")
+ACCUMULATE_RE = re.compile(r"trainer\.accumulate_grad_batches = (\d+)")
 
 
 def read_scalars(folder: Path, prefixes: tuple[str, ...] = ("",)) -> dict[str, list[tuple[int, float]]]:
@@ -30,6 +40,52 @@ def endpoint(val: list[tuple[int, float]], n: int = 2) -> Optional[dict]:
         return None
     last = val[-n:]
     return {"value": sum(v for _, v in last) / len(last), "steps": [s for s, _ in last], "n": len(last)}
+
+
+def validation_schedule(root: Path) -> dict:
+    """A run's validation schedule in logged (0-based) steps: ``interval`` (validation every that many optimizer
+    steps, ``None`` when it is not a fixed number of steps), ``final`` (``trainer.max_steps``) and ``stops``
+    (the logged steps of the validations made where an attempt stopped on a signal, from ``log.txt``)."""
+    import yaml
+
+    root = Path(root)
+    try:
+        log = (root / "log.txt").read_text(errors="replace")
+    except OSError:
+        log = ""
+    stops = sorted({int(n) - 1 for n in STOP_RE.findall(log)})
+    configs = sorted(root.rglob("config.yaml"), key=lambda p: p.stat().st_mtime)
+    trainer: dict = {}
+    if configs:
+        try:
+            trainer = (yaml.safe_load(configs[-1].read_text()) or {}).get("trainer") or {}
+        except (OSError, yaml.YAMLError):
+            trainer = {}
+    every, by_epoch = trainer.get("val_check_interval"), trainer.get("check_val_every_n_epoch")
+    accumulate = ACCUMULATE_RE.findall(log)
+    accumulate = int(accumulate[-1]) if accumulate else trainer.get("accumulate_grad_batches") or 1
+    interval = None
+    if isinstance(every, int) and not isinstance(every, bool) and by_epoch is None and every % accumulate == 0:
+        interval = every // accumulate  # the interval counts training batches: in optimizer steps
+    final = trainer.get("max_steps")
+    return {"interval": interval, "final": final if isinstance(final, int) and final > 0 else None, "stops": stops}
+
+
+def scheduled(val: list[tuple[int, float]], schedule: dict) -> tuple[list[tuple[int, float]], list[int]]:
+    """The validations on the schedule, and the logged steps of those left out (made at a stop by signal).
+    With a known interval: steps s with s + 1 a multiple of it, or the final step; otherwise every validation
+    but those at a stop step (a stop at the final step is the final validation)."""
+    final, interval, stops = schedule.get("final"), schedule.get("interval"), set(schedule.get("stops") or [])
+
+    def on_schedule(step: int) -> bool:
+        if final is not None and step + 1 == final:
+            return True
+        if interval:
+            return (step + 1) % interval == 0
+        return step not in stops
+
+    kept = [(s, v) for s, v in val if on_schedule(s)]
+    return kept, [s for s, _ in val if not on_schedule(s)]
 
 
 def collect_done(runs_dir: Path) -> dict:

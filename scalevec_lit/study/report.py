@@ -200,7 +200,6 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
     walls = [d.get("wall_s_last_attempt", 0.0) for d in runs.values()]
     finished = sorted(d.get("finished", "") for d in runs.values())
     tokens = sorted({d.get("train_tokens") for d in runs.values() if d.get("train_tokens")})
-    end_steps = sorted({tuple(d.get("endpoint_steps") or []) for d in runs.values() if d.get("endpoint_steps")})
     at_final = all(d.get("final_step") == d.get("last_train_step") for d in runs.values()
                    if d.get("last_train_step") is not None and not d.get("diverged"))
     n_div = sum(1 for d in runs.values() if d.get("diverged"))
@@ -225,8 +224,8 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
           f"- {_data_line(study, meta)}",
           f"- {regime_detail(regime, base)}",
           f"- Training tokens per run (last logged `train/tokens`): {', '.join(f'{t:,}' for t in tokens) or 'n/a'}.",
-          f"- Endpoint: mean of the last {study.endpoint_evals} validation losses, logged at 0-based steps "
-          f"{', '.join(str(list(s)) for s in end_steps) or 'n/a'}; last evaluation at the final step in every "
+          f"- Endpoint: mean of the last {study.endpoint_evals} scheduled validation losses, logged at 0-based "
+          f"steps {_endpoint_steps(runs)}; last evaluation at the final step in every "
           f"non-diverged run: **{'yes' if at_final else 'NO'}**.",
           f"- Grid: {len(order)} variants × LRs × seeds {study.seeds}: {len(runs)} of {expected} runs complete"
           f"{f', {n_div} diverged (non-finite loss; counted as the worse side in sign tests)' if n_div else ''}."]
@@ -368,6 +367,27 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
     path.write_text("\n".join(L) + "\n")
     print(f"[study] wrote {path}")
     return path
+
+
+def _endpoint_steps(runs: dict) -> str:
+    """The steps of every run's endpoint (the most common set, then the runs with another), and the validations
+    left out of an endpoint because they were made at a stop by signal, off the schedule."""
+    groups: dict[tuple, list[str]] = {}
+    for r, d in sorted(runs.items(), key=lambda item: item[0].label()):
+        if d.get("endpoint_steps"):
+            groups.setdefault(tuple(d["endpoint_steps"]), []).append(r.label())
+    if not groups:
+        return "n/a"
+    order = sorted(groups, key=lambda k: -len(groups[k]))
+    text = f"{list(order[0])} in {'every run' if len(order) == 1 else f'{len(groups[order[0]])} runs'}"
+    for k in order[1:]:
+        text += f", {list(k)} in {', '.join(f'`{x}`' for x in groups[k])}"
+    off = [f"`{r.label()}` at {d['unscheduled_val_steps']}" for r, d in sorted(runs.items(), key=lambda i: i[0].label())
+           if d.get("unscheduled_val_steps")]
+    if off:
+        text += (f" (validations made where a run stopped on a signal are off the schedule and left out: "
+                 f"{'; '.join(off)})")
+    return text
 
 
 def _power_text(study: Study, summary: list) -> str:

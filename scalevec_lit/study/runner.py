@@ -29,7 +29,7 @@ import yaml
 
 from ..errors import UserError
 from ..stopsignal import StopSignal
-from .events import collect_done, endpoint, read_scalars, run_endpoint
+from .events import collect_done, endpoint, read_scalars, run_endpoint, scheduled, validation_schedule
 from .spec import CKPT_DIR, DONE, VAL_TAG, Run, Study, fit_command, fmt_lr, run_callbacks, run_dir
 from .regime import params_from_log, trained_tokens
 from .secondary import endpoints_of, power_line
@@ -142,12 +142,13 @@ def _finish(study: Study, run: Run, root: Path, rc: int, t0: float, provenance: 
         print(f"[study] FAILED {run.label()}: no {VAL_TAG} logged; see {run.rel() / 'log.txt'}", flush=True)
         return False
     step, loss = val[-1]
-    end = endpoint(val, study.endpoint_evals)
+    on_schedule, unscheduled = scheduled(val, validation_schedule(root))
+    end = endpoint(on_schedule, study.endpoint_evals) or endpoint(val, study.endpoint_evals)
     train_steps = [s for s, _ in logged.get("train/loss", [])]
     tokens = [v for _, v in logged.get("train/tokens", [])]
     last_train_step = max(train_steps) if train_steps else None
     done = {"variant": run.variant, "seed": run.seed, "lr": run.lr, "final_val_loss": loss, "final_step": step,
-            "endpoint": end["value"], "endpoint_steps": end["steps"], "val": val,
+            "endpoint": end["value"], "endpoint_steps": end["steps"], "val": val, "unscheduled_val_steps": unscheduled,
             "last_train_step": last_train_step,
             "train_tokens": int(tokens[-1]) if tokens else None,
             "trained_tokens": trained_tokens(logged.get("train/tokens", []), last_train_step),
@@ -160,7 +161,8 @@ def _finish(study: Study, run: Run, root: Path, rc: int, t0: float, provenance: 
     if not study.keep_checkpoints:
         shutil.rmtree(root / CKPT_DIR, ignore_errors=True)
     _write_done(root, done)
-    print(f"[study] {now()} done   {run.label()}: endpoint {end['value']:.4f} (steps {end['steps']}), "
+    left_out = f", validation at step(s) {unscheduled} left out (made at a stop by signal)" if unscheduled else ""
+    print(f"[study] {now()} done   {run.label()}: endpoint {end['value']:.4f} (steps {end['steps']}{left_out}), "
           f"final val/loss {loss:.4f}, {done['wall_s_last_attempt']:.0f} s", flush=True)
     return True
 
