@@ -34,7 +34,7 @@ from helpers import ROOT
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELLS = {"", "bash", "sh", "shell", "console"}
 MARKERS = {"gpu", "placeholder"}
-CLI = ("python -m scalevec_lit", ".venv/bin/python -m scalevec_lit")
+CLI = ("python -m scalevec_lit", ".venv/bin/python -m scalevec_lit", "scalevec-lit ")  # the console script too
 TRACKED = ("recipes/", "benchmarks/", "launch/", "scalevec_lit/", "docs/", "tests/", "results/", "callbacks/")
 LIGHTNING = ("fit", "validate", "test")
 ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
@@ -175,6 +175,8 @@ def test_documented_command(c: Command, parse_only, monkeypatch):
 
     _check_paths(c)
     words = c.words
+    if words[0] == "scalevec-lit":  # the console script is python -m scalevec_lit
+        words = ["python", "-m", "scalevec_lit", *words[1:]]
     if words[0] == "make":
         targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
         for target in [w for w in words[1:] if "=" not in w]:
