@@ -129,7 +129,7 @@ def test_arguments_are_checked():
         SharpnessMonitor(every_n_steps=0)
 
 
-def _config(tmp_path, every_ckpt: int, sharpness: bool = True) -> str:
+def _config(tmp_path, every_ckpt: int, sharpness: bool = True, every: int = 2) -> str:
     cfg = tmp_path / f"sharpness_{sharpness}.yaml"
     cfg.write_text(
         "trainer:\n  callbacks:\n"
@@ -139,7 +139,7 @@ def _config(tmp_path, every_ckpt: int, sharpness: bool = True) -> str:
         "    - class_path: scalevec_lit.callbacks.ScaleVectorMonitor\n"
         "      init_args: {every_n_steps: 2, histogram_every_n_steps: 0, heatmap: false, step_size: true}\n"
         + ("    - class_path: scalevec_lit.callbacks.SharpnessMonitor\n"
-           "      init_args: {every_n_steps: 2, top_k: 2, iterations: 4, batch_size: 2, params: [all, 'scales:input']}\n"
+           f"      init_args: {{every_n_steps: {every}, top_k: 2, iterations: 4, batch_size: 2, params: [all, 'scales:input']}}\n"
            if sharpness else "")
     )
     return str(cfg)
@@ -189,9 +189,13 @@ def test_callback_from_yaml_logs_at_its_steps_and_resume_keeps_its_schedule(prep
     (kept,) = [v for k, v in state.items() if k.startswith("SharpnessMonitor")]
     assert kept["last_step"] == 4 and kept["batch"].shape == (2, 33)
 
-    code, out = main_in_process(capfd, smoke_args(prepared_data, tmp_path, 6, "--config", _config(tmp_path, 4), *small,
-                                                  "--ckpt_path=last"))
+    # resumed with another every_n_steps (issue 32): its state is found, the batch kept, and one line says so
+    code, out = main_in_process(capfd, smoke_args(prepared_data, tmp_path, 6, "--config", _config(tmp_path, 4, every=3),
+                                                  *small, "--ckpt_path=last"))
     assert code == 0, out[-3000:]
+    assert ("warning: SharpnessMonitor: resumed with other arguments (every_n_steps 2 → 3): keeps its last measured "
+            "step (step 4) and the saved held-out batch (2 rows); the new arguments apply from its next measurement"
+            in out.splitlines())
     resumed = scalars(tmp_path / "smoke" / "version_1")
     assert sorted(s for s, _ in resumed["sharpness/lambda_max"]) == [6]  # not 4 again, and not 5
 
