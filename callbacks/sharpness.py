@@ -5,9 +5,9 @@ et al. 2021 and 2022).
 At step 0 (before the first update) and after every ``every_n_steps``-th optimizer step it takes the batch
 it drew once from the validation loader (the first ``batch_size`` rows of its first batch, kept on the
 device and in the callback's checkpoint state; a run resumed with other arguments keeps it unless
-``batch_size`` changed, and says so in one line: ``_sharpness_state.py``), evaluates the training objective on it (next-token
-cross-entropy plus the MoE auxiliary losses) with the model in eval mode (no MoE balancing update, no
-recorded statistic changes), and logs for each parameter subset in ``params``:
+``batch_size`` changed, and says so in one line: ``_sharpness_state.py``), evaluates the training objective
+on it (next-token cross-entropy plus the MoE auxiliary losses) with the model in eval mode (no MoE balancing
+update, no recorded statistic changes), and logs for each parameter subset in ``params``:
 
 - ``sharpness/lambda_max`` (and ``sharpness/lambda_2`` … ``lambda_<top_k>``): the largest eigenvalues of the
   Hessian of that objective with respect to the subset (the other parameters held fixed), by Lanczos on
@@ -16,8 +16,9 @@ recorded statistic changes), and logs for each parameter subset in ``params``:
   ``P = (1 − β₁ᵗ) diag(√v̂ + ε)`` from Adam's current moment estimates (Cohen et al. 2022's definition, with
   the first moment's bias correction: ``_hessian.preconditioner``); ``sharpness/threshold``: the stability
   threshold it is compared with, ``(2 + 2β₁)/((1 − β₁)η)``; for SGD ``threshold`` is ``(2 + 2μ)/((1 − δ)η)``
-  (momentum μ, dampening δ) beside the raw ``lambda_max`` (2/η for plain gradient descent); ``sharpness/threshold_ratio``: the
-  (preconditioned, for Adam) λ_max over the threshold (1 = the edge of stability). Muon, or any optimizer
+  (momentum μ, dampening δ) beside the raw ``lambda_max`` (2/η for plain gradient descent);
+  ``sharpness/threshold_ratio``: the (preconditioned, for Adam) λ_max over the threshold (1 = the edge of
+  stability). Muon, or any optimizer
   without a known diagonal preconditioner: the raw values only, said once in a warning;
 - ``sharpness/loss``: the objective on the held-out batch; ``sharpness/iterations``: Lanczos steps taken.
 
