@@ -24,7 +24,6 @@ The checkpoint code of the library lives here, except two Lightning-free parts t
 """
 from __future__ import annotations
 
-import errno
 import os
 import pickle
 import shutil
@@ -39,9 +38,9 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from scalevec_lit import stopsignal
-from scalevec_lit.errors import RunError, notice
+from scalevec_lit.errors import notice
 from scalevec_lit.runlock import LOCK, acquire_folder, check_lineage, release_folder
-from scalevec_lit.verify import unreadable, verify_checkpoint
+from scalevec_lit.verify import unreadable, verify_checkpoint, write_failure
 
 __all__ = ["SafeModelCheckpoint", "SafeCheckpointIO"]
 
@@ -66,12 +65,9 @@ class SafeCheckpointIO(TorchCheckpointIO):
                 os.fsync(fh.fileno())
         except BaseException as err:
             tmp.unlink(missing_ok=True)
-            if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise RunError("checkpoint", str(path), f"no space left on the device of {path.parent} while "
-                               f"writing it ({os.strerror(err.errno)}); the checkpoints written before are intact",
-                               "free space there, or point the checkpoints elsewhere "
-                               "(--trainer.default_root_dir=<a folder with room>), then resume with "
-                               "--ckpt_path last") from None
+            failure = write_failure(err, path)  # out of room (torch says "unexpected pos"): one line, the fix
+            if failure is not None:
+                raise failure from None
             raise
         os.replace(tmp, path)
 

@@ -4,7 +4,7 @@ Every user error is printed as one paragraph on stderr,
 ``error: <key or file>: <value>: <what is wrong>; <the fix>``, and the command exits with
 
 - 2 for a bad command line or recipe (``UserError``, ``ValueError``, a missing file named on the command
-  line, Lightning's ``MisconfigurationException``),
+  line, a checkpoint of another model than the recipe's, Lightning's ``MisconfigurationException``),
 - 1 for a failure at run time (``RunError``, a corrupt checkpoint, a non-finite loss, an ``OSError``),
 - 128 + the signal number after a stop by SIGINT/SIGTERM/SIGUSR1 at any moment (during training a
   checkpoint was saved, ``callbacks/checkpoint.py``; before it, nothing needed saving: ``stopsignal.py``).
@@ -74,7 +74,7 @@ def exit_code_for(err: BaseException) -> Optional[int]:
     if isinstance(err, UserError):
         return err.exit_code
     names = {cls.__name__ for cls in type(err).__mro__}
-    if "MissingCheckpointError" in names:
+    if names & {"MissingCheckpointError", "MismatchedCheckpointError"}:  # not there, or another model's
         return 2
     if names & {"CheckpointError", "NonFiniteLossError"}:
         return 1

@@ -6,11 +6,16 @@ A single-file checkpoint is a torch zip archive: its structure and the CRC32 of 
 The structure is checked twice, by Python's ``zipfile`` and by torch's own reader (they read the end of the
 archive differently: a damaged zip64 locator passes the first and stops the second). A distributed checkpoint
 folder must hold its shards; a folder of ``.ckpt`` files is not a checkpoint, and the error names its newest.
+A member name that is not valid UTF-8 is refused like any other damage. ``write_failure`` turns a checkpoint
+write that ran out of room (torch says ``unexpected pos``) into one line with the fix.
 """
 from __future__ import annotations
 
+import errno
+import os
 import zipfile
 from pathlib import Path
+from typing import Optional
 
 
 class CheckpointError(RuntimeError):
@@ -19,6 +24,10 @@ class CheckpointError(RuntimeError):
 
 class MissingCheckpointError(CheckpointError):
     """The checkpoint named on the command line does not exist (exit 2)."""
+
+
+class MismatchedCheckpointError(CheckpointError):
+    """A sound checkpoint of another model than the recipe's (exit 2: it does not fit the recipe)."""
 
 
 def unreadable(path: str | Path, err: BaseException) -> CheckpointError:
@@ -63,12 +72,37 @@ def verify_checkpoint(path: str | Path, full: bool = True) -> Path:
         torch._C.PyTorchFileReader(str(p))  # reads only the end of the archive, as torch.load will
     except (RuntimeError, OSError) as err:
         raise unreadable(p, ValueError(f"torch cannot open the zip archive: {str(err).split('. ')[0]}")) from None
-    if full:
-        try:
-            with zipfile.ZipFile(p) as zf:
-                bad = zf.testzip()
-        except (zipfile.BadZipFile, OSError, EOFError) as err:
-            raise unreadable(p, err) from err
-        if bad is not None:
-            raise unreadable(p, ValueError(f"checksum mismatch in member {bad!r}"))
+    try:
+        with zipfile.ZipFile(p) as zf:  # reads the directory (its member names); ``full``: every member's CRC
+            bad = zf.testzip() if full else None
+    except UnicodeDecodeError as err:  # a damaged byte in a member name (torch's names are flagged UTF-8)
+        raise unreadable(p, ValueError(f"a member name in its zip directory is not valid UTF-8 (byte "
+                                       f"{err.object[err.start:err.start + 1].hex()} at {err.start})")) from None
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
+        raise unreadable(p, err) from err
+    if bad is not None:
+        raise unreadable(p, ValueError(f"checksum mismatch in member {bad!r}"))
     return p
+
+
+#: errno of a write that ran out of room: the device (ENOSPC), a quota (EDQUOT), a file-size limit (EFBIG)
+OUT_OF_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def write_failure(err: BaseException, path: str | Path) -> Optional[Exception]:
+    """The one-line ``RunError`` for a checkpoint write that ran out of room, or ``None``. torch's zip writer
+    reports a short write as ``RuntimeError('... unexpected pos ...')``, with the ``OSError`` as its context."""
+    from .errors import RunError
+
+    seen, cause = 0, err
+    while cause is not None and not (isinstance(cause, OSError) and cause.errno in OUT_OF_ROOM) and seen < 8:
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    if not isinstance(cause, OSError) or cause.errno not in OUT_OF_ROOM:
+        return None
+    path = Path(path)
+    room = (f"the file outgrew the largest file allowed there (a file-size limit: `ulimit -f`, or the file "
+            f"system's own) while writing it in {path.parent}" if cause.errno == errno.EFBIG else
+            f"no space left on the device of {path.parent} while writing it")
+    return RunError("checkpoint", str(path), f"{room} ({os.strerror(cause.errno)}); the checkpoints written before "
+                    "are intact", "free space there, or point the checkpoints elsewhere "
+                    "(--trainer.default_root_dir=<a folder with room>), then resume with --ckpt_path last")

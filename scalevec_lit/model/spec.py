@@ -22,7 +22,7 @@ import importlib
 from typing import Any, Callable, Optional
 
 from ..scale.strategy import Placement, ScaleStrategy
-from ..verify import CheckpointError
+from ..verify import MismatchedCheckpointError
 from .config import MoEConfig, TransformerConfig
 
 #: the model class of a spec that names none (written before the model entry existed)
@@ -190,7 +190,7 @@ SHAPE_KEYS = ("vocab_size", "n_layer", "n_embd", "n_head", "n_kv_head", "head_di
 
 
 def check_spec(saved: Optional[dict], current: dict, path: Optional[str]) -> None:
-    """Raise ``CheckpointError`` when a checkpoint's model (shape, scale strategy, block) differs from this run's."""
+    """Raise ``MismatchedCheckpointError`` when a checkpoint's model (shape, scale strategy, block) differs from this run's."""
     if not saved:
         return
     diffs = []
@@ -204,7 +204,7 @@ def check_spec(saved: Optional[dict], current: dict, path: Optional[str]) -> Non
     if saved.get("block") != current.get("block"):
         diffs.append(f"block: checkpoint {saved.get('block')}, this run {current.get('block')}")
     if diffs:
-        raise CheckpointError(
+        raise MismatchedCheckpointError(  # exit 2: a sound checkpoint that does not fit this recipe
             f"checkpoint {path or '?'} was written by another model: " + "; ".join(diffs)
             + ". Resume with the recipe that wrote it (config.yaml in its run folder) or start afresh"
         )

@@ -1,0 +1,48 @@
+"""A checkpoint write that runs out of room is one line with the fix, and nothing is lost. The device is real:
+the temporary file is a link to ``/dev/full``, where every write fails with ENOSPC, so torch's own zip writer
+stops short and reports ``RuntimeError: ... unexpected pos ...`` (the ``OSError`` is its context), as it does
+on a full disk. The file-size limit (EFBIG) is checked through the command line in test_exit_codes.py."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from scalevec_lit.errors import RunError, report
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_full_device_is_one_line_and_the_earlier_checkpoint_stays(tmp_path, capsys):
+    from scalevec_lit.callbacks.checkpoint import SafeCheckpointIO
+
+    io = SafeCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1, "w": torch.ones(4)}, path)
+    before = path.read_bytes()
+    (tmp_path / "last.ckpt.tmp").symlink_to("/dev/full")
+    with pytest.raises(RunError) as info:
+        io.save_checkpoint({"step": 2, "w": torch.zeros(100_000)}, path)  # past the file object's buffer
+    assert str(info.value) == (
+        f"checkpoint: {path}: no space left on the device of {tmp_path} while writing it (No space left on device); "
+        "the checkpoints written before are intact; free space there, or point the checkpoints elsewhere "
+        "(--trainer.default_root_dir=<a folder with room>), then resume with --ckpt_path last")
+    assert report(info.value) == 1
+    assert capsys.readouterr().err == f"error: {info.value}\n"
+    assert path.read_bytes() == before and io.load_checkpoint(path)["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # the temporary file (here a link) is gone
+
+
+def test_only_a_write_that_ran_out_of_room_is_reworded():
+    import errno
+
+    from scalevec_lit.verify import write_failure
+
+    assert write_failure(RuntimeError("unexpected pos 704 vs 598"), "/x/last.ckpt") is None  # no OSError under it
+    try:
+        try:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        except OSError:
+            raise RuntimeError("unexpected pos 704 vs 598")
+    except RuntimeError as err:
+        assert write_failure(err, "/x/last.ckpt") is None  # another failure: not called a full disk
