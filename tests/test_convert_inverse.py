@@ -123,3 +123,23 @@ def test_an_inverse_that_writes_some_of_its_tensors_converts_exactly():
     trims = [sp.param for sp in scale_parameters(converted) if sp.info.part == "trim"]
     assert trims and all(torch.equal(t, torch.full_like(t, 0.25)) for t in trims)  # kept at its initial value
     assert _rel(_logits(converted), _logits(model)) <= tolerance(model.config)
+
+
+class TrimNoResetScale(ScaleVector):
+    """``TrimScale`` without ``reset_parameters``: its initial state is what ``__init__`` builds."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim)
+        self.scale = nn.Parameter(torch.full((dim,), 0.8))
+        self.trim = nn.Parameter(torch.full((dim,), 0.25))
+
+    forward = TrimScale.forward
+    set_gamma_ = TrimScale.set_gamma_
+
+
+def test_a_vector_without_reset_parameters_starts_as_its_class_constructs_it():
+    model = _model(ScaleStrategy())
+    converted, report, moved = convert_model(model, ScaleStrategy(vector=TrimNoResetScale))
+    assert report.changes == [] and moved <= tolerance(model.config)
+    trims = [sp.param for sp in scale_parameters(converted) if sp.info.part == "trim"]
+    assert trims and all(torch.equal(t, torch.full_like(t, 0.25)) for t in trims)
