@@ -94,6 +94,9 @@ class DownstreamEval(Callback):
         if stage != "fit":
             return
         require_lm_eval("DownstreamEval")  # a spec lookup, no import
+        from scalevec_lit.recipe_lookup import shipped_folder
+
+        self.include_path = [shipped_folder(f) for f in self.include_path]  # recipes/...: shipped with the package
         for folder in self.include_path:
             if not Path(folder).is_dir():
                 raise UserError("DownstreamEval.include_path", folder, "is not a folder",

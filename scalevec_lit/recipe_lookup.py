@@ -27,6 +27,7 @@ from .errors import UserError
 
 SUFFIX = ".yaml"
 PREFIX = "recipes/"  # how a clone's documentation spells a shipped recipe
+NOT_RECIPES = ("examples/tasks/",)  # files the recipes read (lm-eval tasks), shipped beside them
 
 
 def recipe_root() -> Optional[Path]:
@@ -44,7 +45,7 @@ def recipe_names() -> list[str]:
     if root is None:
         return []
     names = [p.relative_to(root).with_suffix("").as_posix() for p in root.rglob(f"*{SUFFIX}")]
-    return sorted(names, key=lambda n: (n.count("/"), n))
+    return sorted((n for n in names if not n.startswith(NOT_RECIPES)), key=lambda n: (n.count("/"), n))
 
 
 def _normal(name: str) -> str:
@@ -62,7 +63,17 @@ def find_recipe(name: str) -> Optional[Path]:
     if root is None or not normal or normal.startswith("/") or ".." in normal.split("/"):
         return None
     path = root / f"{normal}{SUFFIX}"
-    return path if path.is_file() else None
+    return path if path.is_file() and not normal.startswith(NOT_RECIPES) else None
+
+
+def shipped_folder(value: str | Path) -> str:
+    """A folder a recipe names relative to the working folder (``recipes/examples/tasks``): ``value`` if it is
+    a folder there, else the shipped folder of that path below the recipes, else ``value`` unchanged."""
+    root, text = recipe_root(), str(value).replace("\\", "/")
+    if Path(value).is_dir() or root is None or not text.startswith(PREFIX) or ".." in text.split("/"):
+        return str(value)
+    folder = root / text[len(PREFIX):]
+    return str(folder) if folder.is_dir() else str(value)
 
 
 def recipe_path(value: str | Path) -> Path:

@@ -18,7 +18,8 @@ def elsewhere(tmp_path, monkeypatch):
 
 
 def test_every_recipe_file_has_a_name():
-    files = sorted(p.relative_to(ROOT / "recipes").with_suffix("").as_posix() for p in (ROOT / "recipes").rglob("*.yaml"))
+    files = sorted(p.relative_to(ROOT / "recipes").with_suffix("").as_posix() for p in (ROOT / "recipes").rglob("*.yaml")
+                   if not p.parent.name == "tasks")  # recipes/examples/tasks/: an lm-eval task, not a recipe
     names = recipe_lookup.recipe_names()
     assert sorted(names) == files and len(names) == len(set(names))
     assert names[:1] == ["dense_0.12b"] and names.index("smoke") < names.index("ablation/claims_cpu")  # top level first
@@ -119,3 +120,26 @@ def test_a_shipped_study_runs_by_name_with_the_recipes_it_names(elsewhere):
     configs = ["fit", *[a for c in [*study.base, *study.variants[0].configs] for a in ("--config", c)]]
     assert recipe_lookup.resolve_config_args(configs) == [
         "fit", "--config", str(ROOT / "recipes/smoke.yaml"), "--config", str(ROOT / "recipes/strategy/baseline.yaml")]
+
+
+def test_the_downstream_example_reads_its_shipped_task_from_any_folder(elsewhere):
+    """examples/downstream_eval names its task folder as recipes/examples/tasks: shipped beside it, found from a
+    folder without it, and the task's documents are read from beside its YAML (not from the working folder)."""
+    from lm_eval.tasks import get_task_dict
+
+    from scalevec_lit.callbacks import DownstreamEval
+    from scalevec_lit.evaluate.harness import task_manager
+
+    assert "examples/downstream_eval" in recipe_lookup.recipe_names()
+    assert not [n for n in recipe_lookup.recipe_names() if n.startswith("examples/tasks")]  # data, not recipes
+    args = yaml.safe_load(recipe_lookup.find_recipe("examples/downstream_eval").read_text())
+    cb = DownstreamEval(**args["trainer"]["callbacks+"][0]["init_args"])
+    folders = [recipe_lookup.shipped_folder(f) for f in cb.include_path]
+    assert folders == [str(ROOT / "recipes/examples/tasks")]
+    assert recipe_lookup.shipped_folder("recipes/nothing") == "recipes/nothing"
+    (elsewhere / "recipes/examples/tasks").mkdir(parents=True)  # a folder of that path here wins
+    assert recipe_lookup.shipped_folder("recipes/examples/tasks") == "recipes/examples/tasks"
+    task = get_task_dict(cb.tasks, task_manager(cb.tasks, folders))["tiny_choice"]
+    docs = list(task.test_docs())
+    lines = (ROOT / "recipes/examples/tasks/tiny_choice.jsonl").read_text().splitlines()
+    assert len(docs) == len(lines) == 10 and docs[0]["query"] == yaml.safe_load(lines[0])["query"]

@@ -83,11 +83,13 @@ def _args(path: Path, key: str, value: Any) -> list[str]:
 
 
 def _files(path: Path, key: str, value: Any) -> list[str]:
+    from ..recipe_lookup import recipe_path
+
     value = [value] if isinstance(value, str) else _list(path, key, value, "[recipes/smoke.yaml]")
     out = []
     for i, f in enumerate(value):
         name = _str(path, f"{key}[{i}]", f, "give the path of a YAML file")
-        if not Path(name).is_file():
+        if not recipe_path(name).is_file():  # recipes/...: a shipped recipe where no such file is here
             raise bad(path, f"{key}[{i}]", name, "no such file (paths are relative to the folder you run from)",
                       "correct the path, e.g. recipes/strategy/baseline.yaml, or run from the repository's root")
         out.append(name)

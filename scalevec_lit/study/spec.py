@@ -113,8 +113,12 @@ def fmt_lr(lr: float) -> str:
 
 def load_study(path: str | Path) -> Study:
     """Read a study YAML and check all of it (``checks.py``) before anything runs; paths in it are relative to
-    the current folder (the repository). A mistake is one ``UserError`` naming the file, the key and the fix."""
-    path = Path(path)
+    the current folder (the repository). A mistake is one ``UserError`` naming the file, the key and the fix.
+    A shipped study runs by name (``ablation/claims_cpu``), and ``recipes/...`` in it names a shipped recipe
+    where the folder has no such file (``scalevec_lit/recipe_lookup.py``)."""
+    from ..recipe_lookup import recipe_path
+
+    path = recipe_path(path)
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as err:
