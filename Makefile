@@ -1,13 +1,18 @@
 # Two commands do all set-up on a fresh machine:
 #   make fit    venv + install + prepare the embedded corpus + the smoke run (CPU, a few minutes)
-#   make test   venv + install + the whole test suite
+#   make test   venv + install + the whole test suite, one worker per core (pytest-xdist)
+#   make test-fast   the inner loop: unit and numerical tests, no processes started, nothing long (-m "not slow")
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# workers for pytest-xdist; `--dist loadfile` keeps a file's tests on one worker, so a module fixture (one fit
+# read by several tests) is built once
+PYTEST_WORKERS ?= auto
+PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
-.PHONY: fit test install prepare clean tensorboard benchmark
+.PHONY: fit test test-fast install prepare clean tensorboard benchmark
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,7 +33,10 @@ fit: prepare
 	$(BIN)/python -m scalevec_lit fit --config recipes/smoke.yaml
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(PYTEST) --durations=30 $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PYTEST) -m "not slow" --durations=15 $(PYTEST_ARGS)
 
 tensorboard: $(STAMP)
 	$(BIN)/tensorboard --logdir runs

@@ -1,13 +1,24 @@
 """Shared fixtures: the embedded corpus prepared once per session, a seed per test, one intra-op thread
-for files that ask for it, and the bad-input ``world`` (helpers: ``tests/helpers.py``)."""
+for files that ask for it (and for every pytest-xdist worker), and the bad-input ``world`` (helpers:
+``tests/helpers.py``)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from helpers import ROOT, file_hashes
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``make test``: one worker per core) each worker computes with one intra-op thread,
+    and so do the processes its tests start (``OMP_NUM_THREADS``, unless a test sets it): two workers with
+    two threads each on a 2-core CPU would run four threads on two cores."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

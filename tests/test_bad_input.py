@@ -226,6 +226,7 @@ def test_export_ships_the_recorded_tokenizer(world, capfd, trained):
     assert "embedded" not in text
 
 
+@pytest.mark.slow
 def test_second_run_into_a_folder_in_use(world, capfd):
     import socket
     import subprocess
@@ -243,6 +244,7 @@ def test_second_run_into_a_folder_in_use(world, capfd):
         sleeper.wait()
 
 
+@pytest.mark.slow
 def test_stale_lock_of_a_dead_run_is_taken_over(world, capfd):
     import socket
     import subprocess
@@ -266,6 +268,7 @@ def test_fresh_run_into_a_folder_with_another_runs_checkpoints(world, capfd, tra
 
 
 # -- end to end, one subprocess ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_subprocess_error_is_one_paragraph_with_its_exit_code(world, tmp_path):
     world.freeze()
     res = run_cli(["fit", "--config", SMOKE, "--data.batch_size=0"], cwd=tmp_path)

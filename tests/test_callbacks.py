@@ -357,11 +357,13 @@ def _fsdp_worker(rank: int, world: int) -> None:
         assert torch.equal(sp.param.full_tensor(), ref.param.detach() * factor), sp.info.tag
 
 
+@pytest.mark.slow
 def test_monitor_reduces_fsdp2_shards_like_the_whole_model():
     # fork (as DataLoader workers do, one thread each): the children reuse this process's imports
     spawn_gloo(_fsdp_worker, 2, start_method="fork")
 
 
+@pytest.mark.slow
 def test_smoke_recipe_runs_both_callbacks_by_default(prepared_data, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -420,6 +422,7 @@ def test_monitor_drift_follows_the_conservation_law_of_the_model_itself(vector):
     assert len(checked) == 2 * 5 + 1  # q, k, v, gate, up per layer and the head
 
 
+@pytest.mark.slow
 def test_callbacks_load_from_a_plain_checkout_without_a_table(tmp_path):
     """``scalevec_lit.callbacks.X`` from the repository on PYTHONPATH alone (the editable install's finder
     removed): every name a module of ``callbacks/`` lists in ``__all__``, and nothing else."""

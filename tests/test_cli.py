@@ -11,6 +11,7 @@ import torch
 from helpers import ROOT, print_config, recipe, run_cli, scalars, smoke_args
 
 
+@pytest.mark.slow
 def test_smoke_fit_end_to_end(prepared_data, tmp_path):
     res = run_cli(smoke_args(prepared_data, tmp_path, 60, "--trainer.log_every_n_steps=1",
                              "--trainer.val_check_interval=30"), cwd=tmp_path)
@@ -48,6 +49,7 @@ def test_every_composable_recipe_composes_with_smoke(name):
     assert "seq_len: 128" in text  # the smoke model is kept; the second file only adds its part
 
 
+@pytest.mark.slow
 def test_subclassed_block_trains_from_yaml(prepared_data, tmp_path):
     res = run_cli(smoke_args(prepared_data, tmp_path, 12, "--config", recipe("examples", "parallel_block.yaml")),
                   cwd=tmp_path)
@@ -56,6 +58,7 @@ def test_subclassed_block_trains_from_yaml(prepared_data, tmp_path):
     assert ckpt["scalevec"]["spec"]["block"]["class_path"] == "scalevec_lit.model.block.ParallelBlock"
 
 
+@pytest.mark.slow
 def test_unknown_recipe_key_is_named(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  config:\n    n_layers: 3\n")
@@ -64,12 +67,14 @@ def test_unknown_recipe_key_is_named(tmp_path):
     assert "unknown key 'model.config.n_layers'; did you mean 'model.config.n_layer'" in res.stderr
 
 
+@pytest.mark.slow
 def test_wrong_value_type_is_named(tmp_path):
     res = run_cli(["fit", "--config", recipe("smoke.yaml"), "--model.config.n_layer=four", "--print_config"], cwd=tmp_path)
     assert res.returncode != 0
     assert "model.config.n_layer" in res.stderr and "four" in res.stderr
 
 
+@pytest.mark.slow
 def test_bad_placement_is_named(tmp_path):
     res = run_cli(["fit", "--config", recipe("smoke.yaml"), "--model.strategy.placement.q=dnpp", "--print_config"],
                   cwd=tmp_path)
@@ -77,6 +82,7 @@ def test_bad_placement_is_named(tmp_path):
     assert "placement.q" in res.stderr and "dnpp" in res.stderr and "dual_norm" in res.stderr
 
 
+@pytest.mark.slow
 def test_missing_data_folder_stops_with_the_fix(tmp_path):
     res = run_cli(smoke_args(tmp_path / "not_prepared", tmp_path, 2), cwd=tmp_path)
     assert res.returncode != 0
@@ -98,6 +104,7 @@ def test_model_vocab_smaller_than_tokenizer_is_refused(prepared_data, tmp_path):
         trainer.fit(module, dm)
 
 
+@pytest.mark.slow
 def test_progress_bar_counts_optimizer_steps_against_max_steps(prepared_data, tmp_path):
     """``step n/max_steps`` (accumulation included), not Lightning's ``Epoch 1/-2``. (A recipe that lists a bar,
     run with ``--trainer.enable_progress_bar=false``, drops it: every GPU recipe in tests/test_global_batch.py.)"""

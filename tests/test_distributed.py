@@ -76,6 +76,7 @@ def _worker(rank: int, world: int, out: str) -> None:
         torch.save({"losses": losses, "params": full, "sharded": sharded}, out)
 
 
+@pytest.mark.slow
 def test_fsdp2_two_processes_match_one_process(tmp_path):
     out = str(tmp_path / "fsdp.pt")
     spawn_gloo(_worker, 2, out)
@@ -106,6 +107,7 @@ def _fsdp_args(data, root, steps, *extra):
     )
 
 
+@pytest.mark.slow
 def test_cli_fsdp2_distributed_checkpoint_and_resume(prepared_data, tmp_path):
     from helpers import scalars
 

@@ -101,6 +101,7 @@ def test_logged_at_its_steps_equal_to_evaluate_and_resumed_at_the_same_steps(pre
     assert as_logged == {tag[len("downstream/"):]: s[2] for tag, s in logged.items()}
 
 
+@pytest.mark.slow
 def test_fsdp2_two_processes_evaluate_their_shares(prepared_data, tmp_path, monkeypatch):
     """limit 1: one document per task, so rank 1 has no request of its own of any type (a multiple-choice, a
     generate_until and a perplexity task in one evaluation): the fit finishes (a wait would fail at the time

@@ -145,6 +145,7 @@ def f32(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float32))
 
 
+@pytest.mark.slow
 def test_every_case_finishes_with_one_process_metrics(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # the task YAML names its data files relative to the repository root
     torch.save(build().state_dict(), tmp_path / "weights.pt")

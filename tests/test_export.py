@@ -422,6 +422,7 @@ def _dcp_worker(rank: int, world: int, folder: str, spec: dict) -> None:
         torch.save(full, Path(folder).parent / "reference.pt")
 
 
+@pytest.mark.slow
 def test_distributed_checkpoint_folder_is_consolidated_and_exported(tmp_path):
     """A DCP folder from 2 gloo processes with FSDP2-sharded weights (as ModelParallelStrategy writes)."""
     folder = tmp_path / "step1.ckpt"
@@ -440,6 +441,7 @@ def test_distributed_checkpoint_folder_is_consolidated_and_exported(tmp_path):
     assert_same_model(model, tmp_path / "hf", "unified-head-from-dcp")
 
 
+@pytest.mark.slow
 def test_cli_export_of_a_smoke_run_checkpoint(prepared_data, tmp_path):
     """fit (10 steps, qk_norm) → ``python -m scalevec_lit export`` → transformers; the run's tokenizer ships."""
     extra = ("--config", str(ROOT / "recipes/strategy/qk_norm.yaml"), "--data.batch_size=4", "--trainer.limit_val_batches=1",

@@ -217,6 +217,7 @@ def test_python_generate_uses_the_cache_only_where_it_gives_the_same_logits(run)
 
 
 # -- one fit as a user runs it: python -m scalevec_lit, the package on PYTHONPATH only --------------------------
+@pytest.mark.slow
 def test_fit_from_the_command_line_with_the_package_on_pythonpath(prepared_data, tmp_path):
     args = fit_args(prepared_data, tmp_path / "run", 1, "--config", recipe("sandwich"))
     res = run_cli(args, cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{EXT.parent}"})

@@ -144,6 +144,7 @@ def test_init_from_with_the_recipe_and_refused_without_it(trained, tmp_path, cap
     assert cli.trainer.global_step == 1 and type(cli.model.model) is type(trained["model"])
 
 
+@pytest.mark.slow
 def test_a_class_that_cannot_be_imported_is_named_with_the_fix(prepared_data, tmp_path_factory, tmp_path, capfd):
     trained = _trained("temperature", prepared_data, tmp_path_factory)
     # a process without the package on PYTHONPATH: export refuses, names the class and the fix, writes nothing
@@ -243,6 +244,7 @@ def _sharded_model(rank: int, world: int) -> None:
     check_rebuildable(model, spec)
 
 
+@pytest.mark.slow
 def test_fsdp2_sharded_model_is_counted_and_recorded_as_its_own_class():
     from helpers import spawn_gloo
 

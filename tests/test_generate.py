@@ -163,6 +163,7 @@ def test_greedy_equals_transformers_on_the_exported_model(preset, moe, arch, tmp
     assert torch.equal(generate(dcp_model, prompt, n), ours)
 
 
+@pytest.mark.slow
 @needs_transformers
 def test_cli_greedy_text_equals_transformers_and_streams(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer

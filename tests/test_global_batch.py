@@ -142,6 +142,7 @@ def _curve_extra() -> list[str]:
             "--trainer.limit_val_batches=1.0"]
 
 
+@pytest.mark.slow
 def test_dense_2b_on_one_and_two_processes_has_one_global_batch_and_one_loss_curve(two_process_runs, prepared_data,
                                                                                    tmp_path):
     work, results, output = two_process_runs
@@ -174,6 +175,7 @@ def test_dense_2b_on_one_and_two_processes_has_one_global_batch_and_one_loss_cur
     assert abs(va - vb) <= 4 * noise, (va, vb, noise)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", GPU_RECIPES)
 def test_every_gpu_recipe_runs_shrunk_on_two_cpu_processes_with_its_own_options(two_process_runs, recipe):
     import yaml

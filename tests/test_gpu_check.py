@@ -5,9 +5,12 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from helpers import ROOT
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_run_on_cpu(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
     res = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"], env=env,

@@ -398,6 +398,7 @@ def test_config_errors_name_the_key():
         tiny_config(moe=MoEConfig(num_experts=2, top_k=3))
 
 
+@pytest.mark.slow
 def test_moe_smoke_trains_end_to_end_with_unified(prepared_data, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

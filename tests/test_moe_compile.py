@@ -264,6 +264,7 @@ def test_every_expert_matmul_path_compiles_and_agrees(dtype, width):
         assert torch.equal(w.grad[1], torch.zeros_like(w.grad[1]))
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_the_moe_layer(tmp_path):
     """benchmarks/gpu_check.py's MoE path (the one that counts syncs per step on a GPU) runs this layer with
     its aux losses in the loss, on one FSDP2 rank; on a CPU as a dry run."""

@@ -138,6 +138,7 @@ def _losses(root):
     return [e.value for e in acc.Scalars("train/loss")]
 
 
+@pytest.mark.slow
 def test_muon_trains_the_smoke_recipe(prepared_data, tmp_path):
     # the smoke recipe made smaller (2 layers, width 64, batch 8) so that 40 Muon steps take seconds on a CPU
     args = smoke_args(prepared_data, tmp_path, 40, "--config", str(ROOT / "recipes" / "optim" / "muon_wsd.yaml"),

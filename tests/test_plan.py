@@ -286,6 +286,7 @@ def _sharded_worker(rank: int, world: int, out: str) -> None:
             json.dump(sizes, f)
 
 
+@pytest.mark.slow
 def test_fsdp2_shards_of_weights_gradients_and_optimizer_state_as_planned(tmp_path):
     """Rank 0 holds the largest shard (``ceil(rows / N)`` rows): its bytes are the plan's, exactly."""
     import json

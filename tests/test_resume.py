@@ -77,6 +77,7 @@ def _check_resume(prepared_data, root: Path, reference: dict[int, float]) -> int
     return last_saved
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_bitwise_exact(prepared_data, tmp_path, reference_losses):
     b_root = tmp_path / "b"
     b_root.mkdir()
@@ -87,6 +88,7 @@ def test_resume_after_sigkill_is_bitwise_exact(prepared_data, tmp_path, referenc
     assert ckpt["global_step"] == 2 * N and ckpt["scalevec"]["tokens_seen"] == 2 * N * 16 * 128
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1], ids=lambda s: s.name)
 def test_stop_signal_saves_the_current_step_and_resume_is_bitwise_exact(signum, prepared_data, tmp_path,
                                                                          reference_losses):
@@ -190,6 +192,7 @@ def test_truncated_or_corrupt_checkpoint_names_the_file(tmp_path):
         io.load_checkpoint(corrupt)
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_from_the_cli_is_named(prepared_data, tmp_path):
     bad = tmp_path / "broken.ckpt"
     bad.write_bytes(b"not a checkpoint")
@@ -198,6 +201,7 @@ def test_corrupt_checkpoint_from_the_cli_is_named(prepared_data, tmp_path):
     assert "broken.ckpt' is truncated or corrupt" in res.stderr
 
 
+@pytest.mark.slow
 def test_checkpoint_from_another_model_shape_is_refused(prepared_data, tmp_path):
     res = run_cli(smoke_args(prepared_data, tmp_path, 2), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]

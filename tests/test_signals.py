@@ -31,6 +31,7 @@ def _one_line_stop(res, signum: int, phrase: str) -> None:
     assert len(errors) == 1 and phrase in errors[0], res.stderr[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signame, at", [("SIGTERM", "sanity"), ("SIGINT", "setup"), ("SIGUSR1", "sanity")])
 def test_a_signal_during_start_up_stops_at_once_with_its_exit_code(signame, at, prepared_data, tmp_path):
     signum = int(getattr(signal, signame))
@@ -42,6 +43,7 @@ def test_a_signal_during_start_up_stops_at_once_with_its_exit_code(signame, at, 
     assert again.returncode == 0, again.stderr[-3000:]  # "run the same command again" works
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_importing_is_one_line_and_exit_130(prepared_data, tmp_path):
     env = {**os.environ, **PROBE_ENV}
     proc = subprocess.Popen([sys.executable, "-m", "scalevec_lit", *smoke_args(prepared_data, tmp_path, 5)],
@@ -53,6 +55,7 @@ def test_ctrl_c_while_importing_is_one_line_and_exit_130(prepared_data, tmp_path
     _one_line_stop(subprocess.CompletedProcess([], proc.returncode, "", stderr), signal.SIGINT, "stopped by SIGINT")
 
 
+@pytest.mark.slow
 def test_a_signal_after_the_last_step_lets_the_run_finish_then_exits_with_it(prepared_data, tmp_path):
     res = run_cli(smoke_args(prepared_data, tmp_path, 3, "--config", _ckpt(tmp_path), *_probe("SIGTERM", "train_end")),
                   cwd=tmp_path, env=PROBE_ENV)

@@ -74,6 +74,7 @@ def test_cpu_estimate_from_complete_runs(tmp_path):
     assert est == {"complete": 3, "mean_run_s": 200.0, "left": 6, "left_s": 1200.0}
 
 
+@pytest.mark.slow
 def test_study_plan_command_reads_the_recipe_plan():
     """The command end to end: the plan subprocess counts the 0.12B model's parameters exactly and the times
     follow the formula from the plan it read (FLOPs per token printed with 3 decimals)."""
