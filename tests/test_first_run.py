@@ -21,6 +21,7 @@ EXPECTED = [
     r"run folder: runs/smoke/version_0 \(TensorBoard events, config\.yaml and checkpoints/; resume it with the "
     r"same command and --ckpt_path last\)",
     r"(GPU|TPU|HPU) available: .*",  # which accelerators this machine has and uses: true and short
+    r"(\S+: )?(GPU|TPU) available but not used\. .*",  # on a machine with one: true, and how to use it
     r"optimizer parameter groups:",
     r"group +optimizer +tensors +params +lr +weight_decay",
     r"(matrix|embedding|head|scale) +AdamW +\d+ +[\d,]+ +0\.003 +[\d.]+",
