@@ -34,7 +34,13 @@ def test_paired_t_sign_and_detectable_on_hand_values():
     t975 = 0.95 / math.sqrt(2 * 0.975 * 0.025)
     t80 = 0.6 / math.sqrt(2 * 0.8 * 0.2)
     assert p["significant"] == pytest.approx(t975 * 0.1 / math.sqrt(3), rel=1e-9)
-    assert p["mde"] == pytest.approx((t975 + t80) * 0.1 / math.sqrt(3), rel=1e-9)
+    # the MDE has exactly 80% power (tests/test_study_power.py); the usual approximation is smaller at 3 pairs
+    from scalevec_lit.study.power import mde_lambda, paired_t_power
+
+    assert p["mde"] == pytest.approx(mde_lambda(2, t975, 0.8) * 0.1 / math.sqrt(3), rel=1e-12)
+    assert paired_t_power(p["mde"] * math.sqrt(3) / 0.1, 2, t975) == pytest.approx(0.8, abs=1e-9)
+    assert p["mde"] > (t975 + t80) * 0.1 / math.sqrt(3) == pytest.approx(
+        stats.detectable(0.1, 3, exact=False)["mde"], rel=1e-12)
     assert stats.verdict(p, "higher") == "not resolved"  # p = 0.074 > 0.05
 
 

@@ -112,7 +112,9 @@ def _power_text(study: Study, summary: list) -> str:
     sign_min = ", ".join(f"{stats.min_sign_p(n):.4f} with {n} pairs" for n in ns)
     text = (f"**Power.** *Significant if |mean| >* is the smallest paired mean difference this design would call "
             f"significant given the observed paired std (t_{{1−α/2, n−1}} · sd/√n); *MDE 80%* the difference it "
-            f"would detect with 80% probability ((t_{{1−α/2}} + t_{{0.8}}) · sd/√n). The smallest possible "
+            f"would detect with 80% probability (exactly: λ · sd/√n, λ the noncentrality at which the two-sided "
+            f"paired t-test has 80% power, from the noncentral t with n − 1 degrees of freedom; the usual "
+            f"(t_{{1−α/2}} + t_{{0.8}}) · sd/√n has only 73–79% power at 2–6 pairs). The smallest possible "
             f"two-sided sign-test p is {sign_min}")
     if sds:
         text += (f"; observed paired stds range {min(sds):.4f}–{max(sds):.4f}")

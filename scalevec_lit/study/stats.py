@@ -10,6 +10,8 @@ from functools import lru_cache
 from itertools import product
 from typing import Optional
 
+from .power import mde_lambda
+
 
 def mean_std(xs: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (n − 1; NaN for one value)."""
@@ -144,16 +146,19 @@ def t_ci(xs: list[float], alpha: float = 0.05) -> tuple[float, float]:
     return m - half, m + half
 
 
-def detectable(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> dict:
+def detectable(sd: float, n: int, alpha: float = 0.05, power: float = 0.8, exact: bool = True) -> dict:
     """For a paired t-test with ``n`` pairs and paired std ``sd``: the smallest mean difference that would
     be significant (``significant``: t_{1-α/2}·sd/√n) and the one detected with probability ``power``
-    (``mde``: (t_{1-α/2} + t_power)·sd/√n, the usual approximation)."""
+    (``mde``: λ·sd/√n with λ the noncentrality at which the two-sided test has exactly that power,
+    ``power.py``; ``exact=False``: the usual approximation (t_{1-α/2} + t_power)·sd/√n, which has 73-79%
+    power at 2-6 pairs where 80% is asked)."""
     if n < 2 or not math.isfinite(sd):
         return {"significant": float("nan"), "mde": float("nan")}
     df = n - 1
     se = sd / math.sqrt(n)
     t_a = t_ppf(1.0 - alpha / 2.0, df)
-    return {"significant": t_a * se, "mde": (t_a + t_ppf(power, df)) * se}
+    lam = mde_lambda(df, t_a, power) if exact else t_a + t_ppf(power, df)
+    return {"significant": t_a * se, "mde": lam * se}
 
 
 def paired(var: dict, ref: dict, alpha: float = 0.05) -> dict:
