@@ -111,9 +111,11 @@ def resolve_config_args(argv: list[str], sys_argv: Optional[list[str]] = None) -
             at, value, form = i, arg.split("=", 1)[1], "--config={}"
         else:
             continue
-        if _is_inline(value) or Path(value).exists():
-            continue  # a path wins over a shipped recipe of the same name
+        if _is_inline(value) or Path(value).is_file():
+            continue  # a file wins over a shipped recipe of the same name
         shipped = find_recipe(value)
+        if shipped is None and Path(value).exists():
+            continue  # a folder: the recipe checks name it
         if shipped is None:
             close = close_names(value)
             hint = (f" (did you mean {' or '.join(f'{c} ({PREFIX}{c}{SUFFIX})' for c in close)}?)" if close else "")

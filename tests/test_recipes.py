@@ -48,6 +48,10 @@ def test_config_names_become_paths_and_a_file_wins(elsewhere):
     inline = '{"trainer": {"max_steps": 9}}'
     kept = ["fit", "--config", "smoke", "--config", "recipes/smoke.yaml", "--config", inline]
     assert recipe_lookup.resolve_config_args(kept) == kept
+    (elsewhere / "strategy" / "unified").mkdir(parents=True)  # a folder of that name is not a recipe file
+    (elsewhere / "mine").mkdir()
+    assert recipe_lookup.resolve_config_args(["fit", "--config", "strategy/unified", "--config", "mine"]) == [
+        "fit", "--config", str(ROOT / "recipes/strategy/unified.yaml"), "--config", "mine"]
     # the command line LightningCLI reads itself is rewritten with it
     sys_argv = ["scalevec-lit", "fit", "--config", "strategy/hg"]
     resolved = recipe_lookup.resolve_config_args(sys_argv[1:], sys_argv)
