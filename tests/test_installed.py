@@ -73,7 +73,7 @@ def built(tmp_path_factory) -> dict:
 
     sdist = dist / built_name(_ok(_python(sys.executable, "-c", build, "build_sdist", str(dist), cwd=src)))
     with tarfile.open(sdist) as tar:
-        tar.extractall(tmp / "unpacked", filter="data")
+        tar.extractall(tmp / "unpacked", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     unpacked = next((tmp / "unpacked").iterdir())
     wheel = dist / built_name(_ok(_python(sys.executable, "-c", build, "build_wheel", str(dist), cwd=unpacked)))
     return {"sdist": sdist, "wheel": wheel, "tmp": tmp, "src": src}
