@@ -12,6 +12,7 @@ import pytest
 
 from scalevec_lit.study.estimate import (PEAK_BF16, STARTUP_S, cpu_estimate, format_gpu, gpu_estimate,
                                          is_gpu_study, run_flops)
+from scalevec_lit.errors import UserError
 from scalevec_lit.study.spec import load_study
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,9 +57,9 @@ def test_gpu_estimate_divides_by_devices_peak_and_mfu():
     assert rows[0]["run_s"] > rows[1]["run_s"]
     text = format_gpu(rows, study)
     assert "1 × H200" in text and "8 × H200" in text and "MFU 0.50" in text
-    with pytest.raises(SystemExit, match="--device 'V100' is not known"):
+    with pytest.raises(UserError, match="^study plan: --device: V100: is not known; give one of A100, H100, H200$"):
         gpu_estimate(study, [1], "V100", 0.35, plans=plans)
-    with pytest.raises(SystemExit, match="--mfu 1.5 must be in"):
+    with pytest.raises(UserError, match=r"^study plan: --mfu: 1.5: must be in \(0, 1\]; e.g. --mfu 0.35$"):
         gpu_estimate(study, [1], "H200", 1.5, plans=plans)
 
 

@@ -33,6 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from ..errors import UserError
 from .spec import DONE, Study, fit_command
 
 #: Dense bf16 tensor-core peak, FLOP/s (SXM parts).
@@ -57,8 +58,9 @@ def run_plan(study: Study, devices: int) -> dict:
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         if proc.returncode != 0 or not (root / "plan.json").exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            raise SystemExit(f"study plan: the plan of {study.baseline!r} failed (exit {proc.returncode}): "
-                             + " / ".join(tail))
+            raise UserError(f"study plan: {study.path or study.name}", study.baseline,
+                            f"the plan of this variant's fit command failed (exit {proc.returncode}): "
+                            + " / ".join(tail), "run that command (study run --dry-run prints it) and fix what it names")
         return json.loads((root / "plan.json").read_text())
 
 
@@ -97,9 +99,9 @@ def gpu_estimate(study: Study, devices: list[int], device: str = "H200", mfu: fl
                  plans: Optional[dict[int, dict]] = None) -> list[dict]:
     """One row per device count: FLOPs and the expected wall time of one run and of the whole study."""
     if device not in PEAK_BF16:
-        raise SystemExit(f"study plan: --device {device!r} is not known; give one of {sorted(PEAK_BF16)}")
+        raise UserError("study plan: --device", device, "is not known", f"give one of {', '.join(sorted(PEAK_BF16))}")
     if not 0.0 < mfu <= 1.0:
-        raise SystemExit(f"study plan: --mfu {mfu} must be in (0, 1] (e.g. 0.35)")
+        raise UserError("study plan: --mfu", mfu, "must be in (0, 1]", "e.g. --mfu 0.35")
     runs = len(study.runs())
     rows = []
     for d in devices:
