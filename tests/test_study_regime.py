@@ -16,8 +16,10 @@ def test_regime_line_numbers_and_format():
     # the smoke studies: 200 steps x 16 x 128 tokens, 1,838,208 parameters, 485,838 training tokens
     assert regime.regime_line(409_600, 1_838_208, 485_838) == (
         "Regime: 0.22 tokens per parameter, 0.84 epochs over the training text")
-    assert regime.regime_line(20_000_000, 1_000_000, 10_000_000) == (
-        "Regime: 20 tokens per parameter, 2 epochs over the training text")
+    assert regime.regime_line(6_180_000, 300_000, 13_200_000) == (
+        "Regime: 20.6 tokens per parameter, 0.47 epochs over the training text")
+    assert regime.regime_line(250_000_000, 1_000_000, 10_000_000) == (
+        "Regime: 250 tokens per parameter, 25.0 epochs over the training text")
     assert regime.regime_line(409_600, None, None) == "Regime: n/a tokens per parameter, n/a epochs over the training text"
 
 
@@ -51,7 +53,7 @@ def test_report_states_the_regime_from_the_runs(tmp_path):
                 "final_step": 99, "last_train_step": 99, "endpoint_steps": [49, 99], "train_tokens": 250_000,
                 "trained_tokens": 250_000, "params": params, "val": [[49, 6.0], [99, 5.0]]}))
     report = st_report.write_report(out).read_text()
-    assert "\nRegime: 25 tokens per parameter, 2.5 epochs over the training text.\n" in report
+    assert "\nRegime: 25.0 tokens per parameter, 2.5 epochs over the training text.\n" in report
     assert ("250,000 tokens trained per run (steps × global batch × sequence length); 10,000 parameters of "
             "`baseline` (variants: 9,000–10,000); 100,000 training tokens in" in report)
 

@@ -25,8 +25,8 @@ PARAMS_RE = re.compile(r"parameters: ([\d,]+) total")
 
 
 def _num(x: float) -> str:
-    """2 significant digits below 10 (0.22, 0.84, 1.6), whole numbers above (20, 1,250)."""
-    return f"{x:,.0f}" if x >= 10 else f"{x:.2g}"
+    """2 significant digits below 10 (0.22, 0.84, 1.6), one decimal below 100 (20.6), whole numbers above (1,250)."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2g}"
 
 
 def regime_line(tokens: Optional[float], params: Optional[int], train_tokens: Optional[int]) -> str:
