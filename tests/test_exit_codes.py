@@ -24,6 +24,7 @@ import torch
 
 from helpers import ROOT, run_cli, smoke_args
 
+pytestmark = pytest.mark.slow  # every case starts `python -m scalevec_lit`
 FILE_LIMIT = 2 << 20  # bytes: more than every file a 2-step smoke fit writes before its checkpoint (~15 MB)
 
 

@@ -13,7 +13,8 @@ from helpers import ROOT
 from scalevec_lit.errors import RunError
 from scalevec_lit.runlock import LOCK, _proc_start, acquire_folder, release_folder
 
-pytestmark = pytest.mark.skipif(_proc_start(1) is None, reason="needs /proc (Linux) to read process start times")
+pytestmark = [pytest.mark.skipif(_proc_start(1) is None, reason="needs /proc (Linux) to read process start times"),
+              pytest.mark.slow]  # starts processes (a sleeper, a lock holder), each under a second
 
 
 @pytest.fixture()
