@@ -15,12 +15,14 @@ beside ``out`` changes. The rules:
   new ones moved in. The folder's other files are never touched;
 - everything is written first into a temporary sibling folder ``.<name>.tmp-<pid>`` and moved in only when
   complete; on any error (``KeyboardInterrupt`` included) it is removed, with the parent folders this call
-  created, and the old files are back in place.
+  created, and the old files are back in place. A run killed outright (SIGKILL) leaves its temporary folder;
+  the next run writing ``out`` names it (``warning:``) so that it can be deleted.
 
 Plain Python: must not import torch or Lightning.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -28,8 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
-from .errors import UserError
-from .outdir import MANIFEST, DamagedManifest, _names, refuse_overlap
+from .errors import UserError, notice
+from .outdir import MANIFEST, DamagedManifest, _alive, _names, refuse_overlap
 
 
 def manifest_of(out: Path) -> Path:
@@ -98,6 +100,16 @@ class OutputFile:
             raise self._error(f"a file beside it, {_names(clash)}, was not written by {self.command} and would have "
                               "to be replaced", "move it away or choose another --out")
 
+    def _warn_stale(self) -> None:
+        """Name the temporary folders of a killed run (SIGKILL) writing ``out``; they are not deleted."""
+        for kind in ("tmp", "old"):
+            prefix = f".{self.real.name}.{kind}-"
+            for path in self.real.parent.glob(f"{glob.escape(prefix)}*"):
+                pid = path.name[len(prefix):].split("-")[0]
+                if pid.isdigit() and not _alive(int(pid)):
+                    notice(f"{path}: left by an interrupted {self.command} writing {self.out} (process {pid} is "
+                           "gone); delete it", "warning")
+
     def begin(self) -> Path:
         """Check, then make the temporary sibling folder (and the missing parent folders)."""
         self.check()
@@ -106,6 +118,7 @@ class OutputFile:
             for parent in reversed(missing):
                 parent.mkdir()
                 self.created.append(parent)
+            self._warn_stale()
             base = self.real.parent / f".{self.real.name}.tmp-{os.getpid()}"
             path, n = base, 1
             while path.exists() or path.is_symlink():

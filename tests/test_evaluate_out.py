@@ -55,6 +55,12 @@ def test_a_file_evaluate_did_not_write_is_refused_and_kept(tmp_path, capfd, at_r
         _error(text)
     assert user.read_text() == "mine\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results_samples_tiny_choice.jsonl"]  # nothing left
+    stale = tmp_path / ".fresh.json.tmp-999999999"  # left by a killed run (no such process)
+    stale.mkdir()
+    code, text = _evaluate(capfd, ckpt, tmp_path / "fresh.json")  # passes the checks, then the model is missing
+    assert code == 2 and f"warning: {stale}: left by an interrupted evaluate writing {tmp_path / 'fresh.json'} " \
+        "(process 999999999 is gone); delete it" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [stale.name, "results_samples_tiny_choice.jsonl"]
 
 
 def test_a_second_run_replaces_its_own_output_only_with_overwrite(tmp_path, capfd, at_root):

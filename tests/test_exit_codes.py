@@ -55,8 +55,9 @@ def test_help_lists_every_command_and_exits_0(tmp_path):
     assert res.returncode == 0 and res.stderr == "", res.stderr[-3000:]
     listed = [line.split()[0] for line in res.stdout.splitlines() if line.startswith("  ")]
     assert listed == [*LIGHTNING_COMMANDS, *EXTRA_COMMANDS]
+    width = max(map(len, listed))
     for name in listed:  # each with its line
-        assert f"  {name:<8}  {COMMAND_HELP[name]}" in res.stdout
+        assert f"  {name:<{width}}  {COMMAND_HELP[name]}" in res.stdout.splitlines()
 
 
 # -- 2 -----------------------------------------------------------------------------------------------------
