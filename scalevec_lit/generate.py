@@ -7,7 +7,7 @@ prints each piece of text as soon as it is complete (a multi-byte character wait
 
 Library use: ``generate(model, prompt_ids, max_new_tokens, Sampling(...), generator=...)``; a model that cannot
 decode with the cache (a block with its own attention, an attention layer that does not read it:
-``model/cache.py`` ``cache_problem``) runs without it, as the command does (``use_cache=True`` refuses it instead).
+``model/transformer.py`` ``cache_problem``) runs without it, as the command does (``use_cache=True`` refuses it instead).
 
 Plain torch (+ tokenizers): must not import Lightning.
 """
@@ -73,8 +73,8 @@ def next_token(logits: torch.Tensor, sampling: Sampling, generator: Optional[tor
 def supports_cache(model) -> bool:
     """True when ``model.forward_cached`` gives ``forward``'s logits: every block's attention is a
     ``CausalSelfAttention`` (the module that reads the cache), the model class does not override ``forward``
-    alone, and every attention layer reads its cache (checked on one token; ``model/cache.py`` ``cache_problem``)."""
-    from .model.cache import cache_problem
+    alone, and every attention layer reads its cache (checked on one token; ``model/transformer.py`` ``cache_problem``)."""
+    from .model.transformer import cache_problem
 
     return cache_problem(model) is None
 
@@ -98,7 +98,7 @@ def generate(
     if use_cache is None:
         use_cache = supports_cache(model)
     elif use_cache:
-        from .model.cache import check_cache_support
+        from .model.transformer import check_cache_support
 
         check_cache_support(model)
     T = prompt.shape[1]
@@ -234,7 +234,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     model.to(device)
     if args.dtype != "float32":
         _cast_parameters_(model, DTYPES[args.dtype])
-    from .model.cache import cache_problem
+    from .model.transformer import cache_problem
 
     why = None if args.no_cache else cache_problem(model)
     use_cache = not args.no_cache and why is None

@@ -98,7 +98,8 @@ def test_an_attention_that_ignores_the_cache_is_refused():
     from helpers import tiny_config
     from scalevec_lit.generate import generate
     from scalevec_lit.model import Transformer
-    from scalevec_lit.model.cache import CacheNotRead, cache_problem
+    from scalevec_lit.model.cache import CacheNotRead
+    from scalevec_lit.model.transformer import cache_problem
 
     model = Transformer(tiny_config(), block=CacheBlindBlock).eval()
     prompt = tokens(model, 5)

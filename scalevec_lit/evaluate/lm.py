@@ -146,7 +146,7 @@ class ScaleVecLM(TemplateLM):
             any(isinstance(p, DTensor) for p in self.model.parameters())
 
     def _cache_usable(self) -> bool:
-        from ..model.cache import cache_unsupported
+        from ..model.transformer import cache_unsupported
 
         return cache_unsupported(self.model) is None
 

@@ -4,13 +4,11 @@
 appends their keys and values; the training path (``Transformer.forward``) never sees a cache. Keys are
 stored after the per-head norm, ``u`` and RoPE (what attention reads), values after their output side.
 
-Only ``CausalSelfAttention`` reads the cache (in ``attend``). ``cache_unsupported(model)`` says why a model cannot
-decode with it, from its classes (a block without that module, or a model class that overrides ``forward`` but not
-``forward_cached``), and ``forward_cached`` refuses such a model (``check_cache_support``) instead of returning
-logits that ignore the earlier positions. Whatever the classes, an attention layer that did not read its cache in a
+Only ``CausalSelfAttention`` reads the cache (in ``attend``). An attention layer that did not read its cache in a
 call (e.g. a subclass whose ``forward`` bypasses ``attend``'s cache path) is refused after the call
-(``KVCache.advance`` raises ``CacheNotRead``), never returned silently. ``cache_problem(model)`` checks both, the
-second on one token; ``generate()`` runs without the cache when it finds a problem.
+(``KVCache.advance`` raises ``CacheNotRead``), never returned silently. Which models can decode with the cache at
+all is the model's own question (``model/transformer.py``: ``cache_unsupported``, ``check_cache_support``,
+``cache_problem``); this file is the storage only and imports nothing from the model.
 
 Plain torch only: must not import Lightning.
 """
@@ -88,46 +86,3 @@ class KVCache:
                              "logits would ignore the earlier positions; use generate(..., use_cache=False)")
         self.length += T
         self.masking = {}
-
-
-def cache_unsupported(model) -> Optional[str]:
-    """Why ``model.forward_cached`` would not give ``forward``'s logits, or ``None`` when it does: every block must
-    run its attention through a ``CausalSelfAttention`` (the module that reads the cache), and a model class that
-    overrides ``forward`` must also override ``forward_cached``."""
-    from .attention import CausalSelfAttention
-    from .transformer import Transformer
-
-    for i, block in enumerate(model.blocks):
-        if not any(isinstance(m, CausalSelfAttention) for m in block.modules()):
-            return (f"block {i} ({type(block).__module__}.{type(block).__qualname__}) has no CausalSelfAttention, "
-                    "the module that reads the key/value cache")
-    cls = type(model)
-    if isinstance(model, Transformer) and cls.forward is not Transformer.forward and \
-            cls.forward_cached is Transformer.forward_cached:
-        return (f"{cls.__module__}.{cls.__qualname__} overrides forward but not forward_cached, so decoding with "
-                "the cache would skip its own computation")
-    return None
-
-
-def check_cache_support(model) -> None:
-    """``ValueError`` (naming the block or model class) when ``cache_unsupported(model)``."""
-    why = cache_unsupported(model)
-    if why is not None:
-        raise ValueError(f"this model cannot decode with a key/value cache: {why}; use generate(..., use_cache=False) "
-                         "(generate() without use_cache falls back to it by itself), or give the module the cache "
-                         "path (a CausalSelfAttention, or a forward_cached override)")
-
-
-@torch.no_grad()
-def cache_problem(model) -> Optional[str]:
-    """Why decoding ``model`` with the cache would not give ``forward``'s logits, or ``None``: ``cache_unsupported``
-    (from the classes), then one token run through ``forward_cached`` (an attention layer that does not read its
-    cache, whatever its class)."""
-    why = cache_unsupported(model)
-    if why is not None:
-        return why
-    try:
-        model.forward_cached(torch.zeros(1, 1, dtype=torch.long, device=model.embed.weight.device), model.new_cache(1))
-    except CacheNotRead as err:
-        return str(err).partition(": its forward")[0]
-    return None

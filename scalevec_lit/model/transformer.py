@@ -1,5 +1,12 @@
 """Transformer: embedding, blocks, final norm, LM head; initialization; parameter counts.
 
+Decoding with the key/value cache (``model/cache.py`` holds the storage): ``forward_cached``, and which models
+can decode with it (``cache_unsupported``, ``check_cache_support``, ``cache_problem``): every block must run its
+attention through a ``CausalSelfAttention``, and a model class that overrides ``forward`` must also override
+``forward_cached``; ``forward_cached`` refuses such a model instead of returning logits that ignore the earlier
+positions, and ``cache_problem`` also runs one token to find an attention layer that does not read its cache
+(``generate()`` runs without the cache when it finds a problem).
+
 Plain torch only: must not import Lightning.
 
 Initialization (``reset_parameters``), documented because results depend on it. Each module initializes
@@ -24,7 +31,7 @@ from ..scale.strategy import ScaleStrategy
 from ..scale.zero_check import check_zero_u_, clear_zero_u_
 from .attention import CausalSelfAttention
 from .block import Block
-from .cache import KVCache, check_cache_support
+from .cache import CacheNotRead, KVCache
 from .config import TransformerConfig
 from .rope import rope_tables
 
@@ -215,3 +222,43 @@ def count_parameters(
     for module in model.modules():
         inactive += getattr(module, "inactive_parameters_per_token", lambda: 0)()
     return ParameterCount(total=total, embedding=embedding, scale=scale, active=total - inactive)
+
+
+def cache_unsupported(model) -> Optional[str]:
+    """Why ``model.forward_cached`` would not give ``forward``'s logits, or ``None`` when it does: every block must
+    run its attention through a ``CausalSelfAttention`` (the module that reads the cache), and a model class that
+    overrides ``forward`` must also override ``forward_cached``."""
+    for i, block in enumerate(model.blocks):
+        if not any(isinstance(m, CausalSelfAttention) for m in block.modules()):
+            return (f"block {i} ({type(block).__module__}.{type(block).__qualname__}) has no CausalSelfAttention, "
+                    "the module that reads the key/value cache")
+    cls = type(model)
+    if isinstance(model, Transformer) and cls.forward is not Transformer.forward and \
+            cls.forward_cached is Transformer.forward_cached:
+        return (f"{cls.__module__}.{cls.__qualname__} overrides forward but not forward_cached, so decoding with "
+                "the cache would skip its own computation")
+    return None
+
+
+def check_cache_support(model) -> None:
+    """``ValueError`` (naming the block or model class) when ``cache_unsupported(model)``."""
+    why = cache_unsupported(model)
+    if why is not None:
+        raise ValueError(f"this model cannot decode with a key/value cache: {why}; use generate(..., use_cache=False) "
+                         "(generate() without use_cache falls back to it by itself), or give the module the cache "
+                         "path (a CausalSelfAttention, or a forward_cached override)")
+
+
+@torch.no_grad()
+def cache_problem(model) -> Optional[str]:
+    """Why decoding ``model`` with the cache would not give ``forward``'s logits, or ``None``: ``cache_unsupported``
+    (from the classes), then one token run through ``forward_cached`` (an attention layer that does not read its
+    cache, whatever its class)."""
+    why = cache_unsupported(model)
+    if why is not None:
+        return why
+    try:
+        model.forward_cached(torch.zeros(1, 1, dtype=torch.long, device=model.embed.weight.device), model.new_cache(1))
+    except CacheNotRead as err:
+        return str(err).partition(": its forward")[0]
+    return None

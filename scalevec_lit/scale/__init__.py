@@ -3,7 +3,8 @@
 Plain torch: nothing here imports Lightning or the model.
 """
 from .fold import fold_scales, fold_scales_
-from .ops import apply_rope, group_norm_rope, rms_norm, scaled_linear
+from .norm_rope import group_norm_rope
+from .ops import apply_rope, rms_norm, scaled_linear
 from .registry import ScaleParam, scale_parameters, scale_sites
 from .sites import INPUT, OUTPUT, Branch, Consumer, Factors, InputScale, NormSite, OutputNorm, ScaleInfo, ScaleSite
 from .strategy import BRANCHES, PLACEMENTS, Placement, ScaleStrategy

@@ -5,8 +5,8 @@ activation beyond what its neighbours save anyway.
   consumer maps of one normalized input in one matmul, the input-side scales γ (and un-normalized
   output-side scales u) applied to the *weights*, never to the ``B×T×d`` activations. The effective weight
   is recomputed in the backward instead of being saved: the function saves ``x`` and the parameters only.
-- ``group_norm_rope``: the per-head norm, output scale and RoPE of q and k, in ``norm_rope.py`` (re-exported
-  here).
+- ``group_norm_rope``: the per-head norm, output scale and RoPE of q and k, in ``norm_rope.py`` (which builds on
+  this file's ``rms_norm``, ``apply_rope`` and ``backward_only``; this file imports nothing from it).
 
 Both stay autograd functions under ``torch.compile`` too: the plain torch composition in their place under
 compile was measured (benchmarks/compiled.py, 2026-12-04, before ``backward_only``: inductor, dense and MoE
@@ -181,6 +181,3 @@ def scaled_linear(
             distinct.append(t)
         slots.append(i)
     return _ScaledLinear.apply(x, len(weights), layout, tuple(slots), *distinct)
-
-
-from .norm_rope import group_norm_rope  # noqa: E402,F401  (after what norm_rope imports from here)

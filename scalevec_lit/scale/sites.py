@@ -36,7 +36,8 @@ from torch import nn
 
 from .branch import (Branch, Consumer, Factors, InputScale, MapRef, Projection, expand_u, fold_columns_,
                      resolve_map)
-from .ops import apply_rope, group_norm_rope, rms_norm, scaled_linear
+from .norm_rope import group_norm_rope
+from .ops import apply_rope, rms_norm, scaled_linear
 from .strategy import ScaleStrategy, has_input_side, has_output_side, normalizes
 from .tags import INPUT, OUTPUT, TAG_PREFIX, ScaleInfo, ScaleTag, layer_label, parse_scale_tag, scale_tag
 from .vector import ScaleVector

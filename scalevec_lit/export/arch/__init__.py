@@ -2,7 +2,7 @@
 
 Each file of this package (other than ``base`` and ``_plan``) holds one adapter, an ``HFArchitecture`` subclass decorated
 with ``@register``: its weight names both ways, its ``config.json`` both ways, and what it holds or
-refuses (the fold plan). Export (``export/hf.py``, ``export/hf_plan.py``) and import
+refuses (the fold plan); the registry itself is ``_registry.py``. Export (``export/hf.py``, ``export/hf_plan.py``) and import
 (``hub/hf_import.py``) read only the registry below, so adding an architecture is one new file here; an
 adapter defined elsewhere (user code) is added by calling ``register`` on it.
 
@@ -10,15 +10,10 @@ Plain torch: must not import Lightning or transformers.
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from typing import Optional
-
 from ._plan import NATIVE_HINT, ModelFacts, Refusals, facts_of, head_norm_weight
+from ._registry import REGISTRY as _REGISTRY
+from ._registry import architecture, architectures, unregister
 from .base import HFArchitecture
-
-_REGISTRY: dict[str, HFArchitecture] = {}
-_discovered = False
 
 
 def register(cls: type[HFArchitecture]) -> type[HFArchitecture]:
@@ -33,36 +28,8 @@ def register(cls: type[HFArchitecture]) -> type[HFArchitecture]:
     return cls
 
 
-def unregister(architecture: str) -> None:
-    """Remove an adapter (nothing when there is none of that name)."""
-    _REGISTRY.pop(architecture, None)
-
-
-def architectures() -> list[HFArchitecture]:
-    """Every registered adapter, by ``priority`` (then registration order)."""
-    _discover()
-    return sorted(_REGISTRY.values(), key=lambda a: a.priority)
-
-
-def architecture(name: str) -> Optional[HFArchitecture]:
-    """The adapter of the transformers class ``name`` (``'LlamaForCausalLM'``), None when none."""
-    _discover()
-    return _REGISTRY.get(name)
-
-
 def _qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _discover() -> None:
-    """Import every module of this package once (each registers its adapter)."""
-    global _discovered
-    if _discovered:
-        return
-    _discovered = True
-    for info in pkgutil.iter_modules(__path__):
-        if info.name != "base" and not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
 
 
 __all__ = ["HFArchitecture", "ModelFacts", "NATIVE_HINT", "Refusals", "architecture", "architectures", "facts_of",

@@ -29,6 +29,7 @@ from ...scale.registry import scale_parameters
 from ...scale.strategy import NORMALIZED_PLACEMENT as DNP
 from ..hf_names import Ref, native_tensor, site_of
 from ._plan import ModelFacts, Refusals, head_norm_weight, join_or, moe_class
+from ._registry import architectures
 
 UNSUPPORTED = "has no equivalent in scalevec_lit's model"
 
@@ -79,8 +80,6 @@ class HFArchitecture:
     def elsewhere(self, facts: ModelFacts, holds: Callable[["HFArchitecture"], bool]) -> str:
         """', or <change> (then <title> holds it)' for every other registered architecture that holds what
         this one refuses."""
-        from . import architectures
-
         out = ""
         for other in architectures():
             change = other.reached_from(facts) if other is not self and other.moe == facts.moe and holds(other) else ""
@@ -90,8 +89,6 @@ class HFArchitecture:
     @staticmethod
     def every_title() -> str:
         """The registered architectures, for a message ('Llama, Qwen3 or Mixtral')."""
-        from . import architectures
-
         return join_or(a.title for a in architectures())
 
     def check(self, model, facts: ModelFacts, r: Refusals) -> None:
