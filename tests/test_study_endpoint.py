@@ -14,6 +14,7 @@ import yaml
 
 from scalevec_lit import study as st
 from scalevec_lit.study.events import scheduled, validation_schedule
+from scalevec_lit.study.regime import regime_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,9 +76,41 @@ def test_an_interrupted_and_resumed_study_keeps_the_uninterrupted_endpoint(prepa
     assert stopped["endpoint_steps"] == plain["endpoint_steps"] == [5, 8]
     assert stopped["unscheduled_val_steps"] == [6] and plain["unscheduled_val_steps"] == []
     assert stopped["endpoint"] == plain["endpoint"]  # resuming is bitwise: the same validation losses
+    # what the regime line is computed from: fit's parameter count and the tokens trained (9 steps x 2 x 32)
+    assert stopped["params"] == plain["params"] > 0 and stopped["trained_tokens"] == plain["trained_tokens"] == 576
     report = st.load_study(path)
     from scalevec_lit.study.report import write_report
 
     text = write_report(tmp_path / "runs", report).read_text()
+    tokens = json.loads((prepared_data / "meta.json").read_text())["tokens"]["train"]
+    assert f"\n{regime_line(576, plain['params'], tokens)}.\n" in text
     assert ("logged at 0-based steps [5, 8] in every run (validations made where a run stopped on a signal are off "
             "the schedule and left out: `interrupted/seed1` at [6])") in text
+
+
+def test_report_takes_an_old_runs_endpoint_again_from_its_scheduled_validations(tmp_path):
+    """A run recorded before this rule (its endpoint over steps [6, 9], 6 being a stop-step validation) is read
+    with the endpoint of the scheduled validations [4, 9]; a run without a stop keeps its recorded endpoint."""
+    from scalevec_lit.study.report import write_report
+
+    runs = tmp_path / "s" / "runs"
+    (runs).mkdir(parents=True)
+    (runs / "study.yaml").write_text(yaml.safe_dump({"name": "s", "seeds": [1], "variants": [
+        {"name": "baseline"}, {"name": "no_scale"}]}))
+    for variant, val, log in (("baseline", [[4, 7.18], [9, 7.17]], ""),
+                              ("no_scale", [[4, 7.2], [6, 7.0], [9, 7.1]], "stopped by SIGINT at step 7: saved x\n")):
+        root = runs / variant / "seed1"
+        (root / "tb" / "version_0").mkdir(parents=True)
+        (root / "tb" / "version_0" / "config.yaml").write_text(yaml.safe_dump(
+            {"trainer": {"max_steps": 10, "val_check_interval": 5, "check_val_every_n_epoch": None}}))
+        (root / "log.txt").write_text(log)
+        last = val[-2:]
+        (root / st.DONE).write_text(json.dumps({
+            "variant": variant, "seed": 1, "lr": None, "final_val_loss": val[-1][1], "final_step": 9,
+            "last_train_step": 9, "endpoint": sum(v for _, v in last) / 2, "endpoint_steps": [s for s, _ in last],
+            "val": val}))
+    text = write_report(tmp_path / "s").read_text()
+    assert "| no_scale | recipe | 1 | 7.1500 ± " in text and "| baseline | recipe | 1 | 7.1750 ± " in text
+    assert ("[4, 9] in every run (validations made where a run stopped on a signal are off the schedule and left "
+            "out: `no_scale/seed1` at [6]); the endpoints of `no_scale/seed1` were recorded with such a validation "
+            "and are taken again from their scheduled validations here") in text

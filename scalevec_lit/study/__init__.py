@@ -6,14 +6,18 @@ them with paired statistics.
 ``python -m scalevec_lit study plan <study.yaml> [--devices 1 8] [--device H200] [--mfu 0.35]``: the expected
 wall time (``estimate``), also printed by ``study run`` before a GPU study starts.
 
-One file per job: ``spec`` (the study file and its grid, the ``fit`` command of a run), ``runner`` (run the
-grid resumably, record the code's commit), ``events`` (TensorBoard scalars, endpoints, complete runs),
-``stats`` (paired t, sign test, Student-t CI, detectable effect, best LR), ``figures`` (PNG plots),
-``report`` (``report.md``). The study file format is documented in ``spec``.
+One file per job: ``spec`` (the study file's data and the ``fit`` command of a run), ``checks`` (the whole
+study file checked before any run) and ``callback_check`` (every run's callbacks built from their arguments,
+in a subprocess), ``runner`` (run the grid resumably, record the code's commit), ``events`` (TensorBoard
+scalars, the validation schedule, endpoints, complete runs), ``stats`` and ``power`` (paired t, sign test,
+Student-t CI, the exact detectable effect, best LR), ``regime`` (tokens per parameter and epochs),
+``secondary`` (other endpoints, the pre-registered power), ``estimate`` (wall time), ``figures`` (PNG plots),
+``report`` (``report.md``, one file per section: ``provenance``, ``grid``, ``claims``).
 
-May import yaml, tensorboard's event reader and (lazily, Agg backend) matplotlib. Must not import torch,
-Lightning or the rest of ``scalevec_lit``: runs happen in subprocesses, so that a study process stays small
-and a crashed run cannot take the study down.
+May import yaml, tensorboard's event reader, (lazily, Agg backend) matplotlib, and of the rest of
+``scalevec_lit`` only ``errors``, ``stopsignal`` and ``recipe_lookup``. Must not import torch or Lightning:
+runs (and the callbacks' check) happen in subprocesses, so that a study process stays small and a crashed run
+cannot take the study down.
 """
 from __future__ import annotations
 

@@ -117,4 +117,8 @@ def _endpoint_steps(runs: dict) -> str:
     if off:
         text += (f" (validations made where a run stopped on a signal are off the schedule and left out: "
                  f"{'; '.join(off)})")
+    again = [f"`{r.label()}`" for r, d in sorted(runs.items(), key=lambda i: i[0].label()) if d.get("endpoint_recomputed")]
+    if again:
+        text += (f"; the endpoints of {', '.join(again)} were recorded with such a validation and are taken again "
+                 "from their scheduled validations here")
     return text

@@ -26,7 +26,7 @@ from typing import Optional
 from ..errors import UserError
 from .claims import _ci_name, claims_section
 from .downstream import report_section as downstream_section
-from .events import read_scalars
+from .events import endpoint, read_scalars, scheduled, validation_schedule
 from .figures import plot_dynamics, plot_lr_sweep, plot_paired, plot_sharpness, plot_val
 from .grid import Grid, _lr, endpoints_section
 from .provenance import provenance_section
@@ -34,8 +34,10 @@ from .secondary import report_section as secondary_section
 from .spec import DONE, VAL_TAG, Run, Study, load_study
 
 
-def load_runs(runs_dir: Path) -> dict[Run, dict]:
-    """``{Run: done.json + {"root": folder}}`` of the complete runs under ``runs_dir``."""
+def load_runs(runs_dir: Path, endpoint_evals: Optional[int] = None) -> dict[Run, dict]:
+    """``{Run: done.json + {"root": folder}}`` of the complete runs under ``runs_dir``. With ``endpoint_evals``,
+    a run recorded before endpoints were taken at the scheduled validations only gets its endpoint again from
+    them (``events.scheduled``) when its curve holds a validation made at a stop by signal."""
     found = {}
     for done_file in sorted(Path(runs_dir).rglob(DONE)):
         done = json.loads(done_file.read_text())
@@ -43,6 +45,12 @@ def load_runs(runs_dir: Path) -> dict[Run, dict]:
         done["root"] = done_file.parent
         if "val" not in done:  # runs made before done.json held the curve
             done["val"] = read_scalars(done_file.parent, (VAL_TAG,)).get(VAL_TAG, [])
+        if endpoint_evals and "unscheduled_val_steps" not in done and not done.get("diverged") and done["val"]:
+            kept, off = scheduled([tuple(x) for x in done["val"]], validation_schedule(done_file.parent))
+            if off and kept:
+                end = endpoint(kept, endpoint_evals)
+                done.update(endpoint=end["value"], endpoint_steps=end["steps"], unscheduled_val_steps=off,
+                            endpoint_recomputed=True)
         found[Run(done["variant"], None if lr is None else float(lr), int(done["seed"]))] = done
     return found
 
@@ -54,7 +62,7 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
     runs_dir = out / "runs" if (out / "runs").is_dir() else out
     if study is None and (runs_dir / "study.yaml").exists():
         study = load_study(runs_dir / "study.yaml")
-    runs = load_runs(runs_dir)
+    runs = load_runs(runs_dir, study.endpoint_evals if study is not None else 2)
     if not runs:
         raise UserError(f"study report: {runs_dir}", "", f"no complete runs ({DONE}) there",
                         "give the study's output folder (holding runs/), or run the study first")
