@@ -92,3 +92,37 @@ class S3Server:
         import boto3
 
         return boto3.client("s3", **self.options)
+
+
+BUCKET, PREFIX = "corpus", "shakespeare"
+#: tokens per chunk of the prepared test data: 119 train chunks, so that a run downloads chunks as it goes
+CHUNK_TOKENS = 4096
+_SESSION: Optional[S3Server] = None
+
+
+def session_server(request, tmp_path_factory) -> S3Server:
+    """One server per test session (per xdist worker), stopped at its end, with the embedded corpus prepared
+    into ``s3://corpus/shakespeare`` by the ``prepare`` command line with only the AWS environment (``url``,
+    ``meta``; ``cwd``: where it ran, which must stay empty) and the same prepared locally (``local``)."""
+    global _SESSION
+    if _SESSION is not None:
+        return _SESSION
+    import pytest
+
+    from scalevec_lit.data.prepare import main, prepare
+
+    server = S3Server().start()
+    request.config.add_cleanup(server.stop)
+    server.client().create_bucket(Bucket=BUCKET)
+    server.url = f"s3://{BUCKET}/{PREFIX}"
+    server.cwd = tmp_path_factory.mktemp("cwd")
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in server.env.items():
+            mp.setenv(key, value)
+        mp.chdir(server.cwd)  # nothing may be written here (pathlib turns s3://x into the local path s3:/x)
+        main(["--output", server.url, "--chunk-tokens", str(CHUNK_TOKENS), "--num-workers", "1"])
+    server.meta = json.loads(server.client().get_object(Bucket=BUCKET, Key=f"{PREFIX}/meta.json")["Body"].read())
+    server.local = tmp_path_factory.mktemp("local") / PREFIX
+    prepare(output_dir=server.local, num_workers=1, chunk_tokens=CHUNK_TOKENS)
+    _SESSION = server
+    return server

@@ -11,35 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import main_in_process, scalars, smoke_args
-from s3_server import S3Server, free_port
+from s3_server import BUCKET, CHUNK_TOKENS, free_port, session_server
 
-pytestmark = pytest.mark.slow  # a server process; prepares and fits
-
-BUCKET, CHUNK_TOKENS = "corpus", 1 << 15  # 16 train chunks of the embedded corpus
+pytestmark = pytest.mark.slow  # a server process and two prepares per session
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """The server, a bucket, the embedded corpus prepared into ``s3://corpus/shakespeare`` (explicit storage
-    options) and the same prepared locally (``local``) for comparison."""
-    from scalevec_lit.data.prepare import prepare
-
-    server = S3Server().start()
-    try:
-        server.client().create_bucket(Bucket=BUCKET)
-        cwd = tmp_path_factory.mktemp("cwd")
-        with pytest.MonkeyPatch.context() as mp:
-            mp.chdir(cwd)  # nothing may be written here (pathlib turns s3://x into the local path s3:/x)
-            meta = prepare(output_dir=f"s3://{BUCKET}/shakespeare", num_workers=1, chunk_tokens=CHUNK_TOKENS,
-                           storage_options=server.options)
-        server.url = f"s3://{BUCKET}/shakespeare"
-        server.meta, server.cwd = meta, cwd
-        server.local = tmp_path_factory.mktemp("local") / "shakespeare"
-        prepare(output_dir=server.local, num_workers=1, chunk_tokens=CHUNK_TOKENS)
-        yield server
-    finally:
-        server.stop()
+@pytest.fixture()
+def s3(request, tmp_path_factory):
+    return session_server(request, tmp_path_factory)
 
 
 def _objects(server, prefix: str) -> dict[str, bytes]:
@@ -74,7 +53,7 @@ def test_prepare_writes_into_the_bucket(s3):
     objects = _objects(s3, "shakespeare")
     local = {str(p.relative_to(s3.local)): p.read_bytes() for p in s3.local.rglob("*") if p.is_file()}
     chunks = sorted(k for k in local if k.endswith(".bin"))
-    assert len(chunks) == 17 and sorted(k for k in objects if k.endswith(".bin")) == chunks
+    assert len(chunks) == len(s3.meta["chunks"]["train"]) + len(s3.meta["chunks"]["val"]) > 100 and sorted(k for k in objects if k.endswith(".bin")) == chunks
     for name in chunks:  # the same bytes as a local prepare
         assert objects[name] == local[name], name
     assert {"meta.json", "train/index.json", "val/index.json", ".scalevec_manifest.json", "tokenizer.json"} <= set(objects)
@@ -195,22 +174,3 @@ def test_cache_follows_a_new_prepare(s3, tmp_path):
                            Body=_objects(s3, "renewed")["meta.json"].replace(b'"eos_id"', b'"eos_id" '))
     again = _module(url, tmp_path, s3.options, shuffle=False)
     assert again._local[0] == dm._local[0] and not stale.exists()
-
-
-def test_fit_from_the_bucket_with_the_aws_environment(s3, tmp_path, capfd, monkeypatch):
-    """``fit --data.data_dir s3://...`` with only the standard AWS variables: the same losses, bitwise, as
-    the same fit from the local folder."""
-    losses = {}
-    for name, data in (("remote", s3.url), ("local", s3.local)):
-        root = tmp_path / name
-        if name == "remote":
-            for key, value in s3.env.items():
-                monkeypatch.setenv(key, value)
-        code, text = main_in_process(capfd, smoke_args(data, root, 4, "--trainer.limit_val_batches=0",
-                                                       "--trainer.log_every_n_steps=1", "--model.config.n_layer=1",
-                                                       "--model.config.seq_len=32", f"--data.cache_dir={tmp_path}/c"))
-        assert code == 0, text[-3000:]
-        logdir = next(p for p in root.rglob("events.out.tfevents.*")).parent
-        losses[name] = scalars(logdir)["train/loss"]
-    assert len(losses["remote"]) == 4 and losses["remote"] == losses["local"]
-    assert not (tmp_path / "remote" / "s3:").exists()

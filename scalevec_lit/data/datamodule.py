@@ -29,7 +29,7 @@ import lightning as L
 from ..errors import UserError
 from .inputs import MANIFEST
 from .integrity import VERIFY_MODES, check_prepared, fingerprint, relocate_state
-from .loaders import relocating_loader, same_batch_count_on_every_rank
+from .loaders import relocating_loader, same_batch_count_on_every_rank, tokens_loader
 from .cache import TOKENIZER, mirror, register
 from .prepare import DEFAULT_OUTPUT, META
 from .remote import Remote, check_options, is_remote, join
@@ -246,7 +246,7 @@ class TokenDataModule(L.LightningDataModule):
         return int(self.meta["vocab_size"])
 
     def _source(self, data_dir: str, split: str, shuffle: bool):
-        from litdata import StreamingDataset, TokensLoader
+        from litdata import StreamingDataset
         from litdata.streaming.resolver import Dir
 
         remote = {}
@@ -257,7 +257,7 @@ class TokenDataModule(L.LightningDataModule):
                           storage_options={**self.storage_options, "verify": self.verify}, max_cache_size=self.cache_size)
         return StreamingDataset(
             input_dir=remote.pop("input_dir", f"{data_dir.rstrip('/')}/{split}"),
-            item_loader=TokensLoader(block_size=self.seq_len + 1),
+            item_loader=tokens_loader(self.seq_len + 1, is_remote(data_dir)),
             shuffle=shuffle,
             drop_last=True,
             seed=self.seed,
