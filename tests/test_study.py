@@ -59,6 +59,7 @@ def env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow
 def test_study_runs_resumes_after_kill_skips_done_and_reports(prepared_data, tmp_path):
     path = tiny_study(tmp_path, prepared_data)
     runs = tmp_path / "study" / "runs"
