@@ -1,4 +1,5 @@
-"""The monitor's drawing: one matplotlib (Agg) heatmap figure per role, built once per layout and redrawn."""
+"""The monitors' drawing (matplotlib, Agg): one heatmap figure per role, built once per layout and redrawn;
+histogram pictures for the loggers that take images only."""
 from __future__ import annotations
 
 import numpy as np
@@ -69,3 +70,25 @@ class HeatmapFigure:
         self.suptitle.set_text(f"{self.role}-role scale vectors γ — step {step}")
         self.fig.draw_artist(self.suptitle)
         return np.asarray(self.canvas.buffer_rgba())[..., :3].copy()
+
+
+def histogram_image(tag: str, counts: np.ndarray, edges: np.ndarray, step: int) -> np.ndarray:
+    """A histogram (counts over bin edges) drawn as an RGB uint8 image ``[H, W, 3]``, for loggers that take
+    pictures only (MLflow, CSV); TensorBoard and W&B draw their own from the counts."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.8, 2.8), dpi=80)
+    canvas = FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ax.stairs(counts, edges, fill=True, color="tab:blue")
+    ax.set_xlabel("value", fontsize=7)
+    ax.set_ylabel("count", fontsize=7)
+    ax.tick_params(labelsize=7)
+    ax.set_title(f"{tag} — step {step}", fontsize=8)
+    fig.tight_layout()
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()

@@ -1,4 +1,4 @@
-"""MoELoadMonitor: per-layer expert load, router entropy and balancing losses, to the loggers (TensorBoard).
+"""MoELoadMonitor: per-layer expert load, router entropy and balancing losses, to every logger (``_log_sinks``).
 
 Reads only the public surface of MoE layers: every module with a non-empty ``last_load_stats`` dict and a
 ``layer`` index (``scalevec_lit.model.moe.MoE`` sets both after each forward). Figures are those of the
@@ -20,6 +20,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from ._log_sinks import log_to_loggers
+
 __all__ = ["MoELoadMonitor"]
 
 #: Scalars of ``last_load_stats`` reduced as means over ranks (besides the per-expert ``fraction``).
@@ -39,7 +41,8 @@ class MoELoadMonitor(Callback):
       also without coefficient;
     - ``moe/layerXX/bias_spread``: max − min of the balancing bias (with ``bias_balancing``);
     - ``moe_fraction/layerXX/expertYY``: each expert's share of the assignments (uniform = 1/E), when
-      ``per_expert``; a histogram of the shares per layer when ``histograms`` (TensorBoard only);
+      ``per_expert``; a histogram of the shares per layer, ``moe/layerXX/fraction``, when ``histograms`` (to every
+      logger in its own form: ``_log_sinks``);
     - ``moe/all/load_max_over_mean`` (worst layer) and ``moe/all/router_entropy_norm`` (mean of layers).
 
     The weighted losses that enter the training loss are logged by the module as ``train/moe_aux_loss``
@@ -76,11 +79,8 @@ class MoELoadMonitor(Callback):
         metrics, fractions = self.compute_metrics(layers, trainer.strategy.reduce)
         if not trainer.is_global_zero:
             return
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step)
-            if self.histograms and hasattr(getattr(logger, "experiment", None), "add_histogram"):
-                for layer, frac in fractions.items():
-                    logger.experiment.add_histogram(f"moe/layer{layer:02d}/fraction", frac, global_step=step)
+        histograms = {f"moe/layer{layer:02d}/fraction": frac for layer, frac in fractions.items()} if self.histograms else {}
+        log_to_loggers(trainer.loggers, step, metrics, histograms)
 
     def compute_metrics(self, layers, reduce=None) -> tuple[dict[str, float], dict[int, torch.Tensor]]:
         """Metrics dict and per-layer global fractions from ``layer_stats`` (``reduce``: mean over ranks)."""

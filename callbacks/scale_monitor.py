@@ -1,4 +1,4 @@
-"""ScaleVectorMonitor: scale-vector statistics, histograms, heatmaps and preconditioner figures in TensorBoard.
+"""ScaleVectorMonitor: scale-vector statistics, histograms, heatmaps and preconditioner figures, to every logger.
 
 Every ``every_n_steps`` optimizer steps (and once before the first step) the monitor logs, for each
 registered scale parameter, ``scale/<role>/<site>/<branch>/<layer>/<part>/<stat>`` with stat in mean, std
@@ -59,6 +59,7 @@ from scalevec_lit.scale.registry import ScaleParam, scale_parameters
 from scalevec_lit.scale.sites import INPUT, TAG_PREFIX, Consumer, ScaleInfo, scale_tag
 from scalevec_lit.scale.vector import ScaleVector
 
+from ._log_sinks import log_to_loggers, takes_figures
 from ._monitor_figures import HeatmapFigure
 from ._monitor_reduce import consumer_sq_norms, full_tensor, tensor_statistics
 from ._monitor_stats import (RECHECK_STEPS, STATS, column_steps, conserved_quantity, effective_gamma, heatmap_data,
@@ -85,7 +86,8 @@ class ScaleSnapshot:
 
 
 class ScaleVectorMonitor(Callback):
-    """Log scale-vector statistics to TensorBoard (see the module docstring for the tag layout).
+    """Log scale-vector statistics to the trainer's loggers (see the module docstring for the tag layout;
+    ``_log_sinks`` for what each kind of logger gets).
 
     Args:
         every_n_steps: optimizer steps between logs (also logs once before the first step).
@@ -218,18 +220,16 @@ class ScaleVectorMonitor(Callback):
 
     # -- writing -------------------------------------------------------------------------------------
     def write(self, snap: ScaleSnapshot, step: int, writer: Any = None, loggers: Iterable[Any] = ()) -> None:
-        """Write to a TensorBoard ``SummaryWriter`` (scalars, histograms, images), else ``log_metrics`` scalars."""
-        if writer is None:
-            for logger in loggers:
-                logger.log_metrics(snap.scalars, step)
-            return
-        for tag, value in snap.scalars.items():
-            writer.add_scalar(tag, value, step)
-        for tag, values in snap.histograms.items():
-            writer.add_histogram(tag, values, step)
-        for role, (rows, cols, panels) in snap.heatmaps.items():
-            writer.add_image(f"{TAG_PREFIX}/{role}/heatmap", self.render_heatmap(role, rows, cols, panels, step), step,
-                             dataformats="HWC")
+        """Write to every logger in its own form (``_log_sinks``: TensorBoard scalars through ``add_scalar``,
+        histograms, images; W&B, MLflow, CSV; scalars only to other loggers) and to a bare TensorBoard
+        ``SummaryWriter`` ``writer``."""
+        loggers = list(loggers)
+        images = {}
+        if snap.heatmaps and (writer is not None or takes_figures(loggers)):
+            images = {f"{TAG_PREFIX}/{role}/heatmap": self.render_heatmap(role, rows, cols, panels, step)
+                      for role, (rows, cols, panels) in snap.heatmaps.items()}
+        log_to_loggers(loggers, step, snap.scalars, snap.histograms, images, tensorboard_add_scalar=True,
+                       writer=writer)
 
     def render_heatmap(self, role: str, rows: list[str], cols: list[str], panels: dict[str, np.ndarray], step: int) -> np.ndarray:
         """An RGB uint8 image ``[H, W, 3]``; the figure is built once per layout and only redrawn."""
@@ -245,7 +245,8 @@ class ScaleVectorMonitor(Callback):
         hist = self.histogram_every_n_steps > 0 and step % self.histogram_every_n_steps == 0
         before = self._before if self._before_step == step - 1 else None
         self._before = None  # freed at the log
-        snap = self.collect(model, histograms=hist and (writer is not None), lrs=lrs, before=before)
+        figures = writer is not None or takes_figures(loggers)
+        snap = self.collect(model, histograms=hist and figures, lrs=lrs, before=before)
         if is_writer:
             self.write(snap, step, writer, loggers)
         return snap
@@ -256,20 +257,14 @@ class ScaleVectorMonitor(Callback):
         if self._last_step == step:
             return
         self._last_step = step
-        from lightning.pytorch.loggers import TensorBoardLogger
-
-        writer = None
         loggers = list(trainer.loggers)
-        for logger in loggers:
-            if isinstance(logger, TensorBoardLogger):
-                writer = logger.experiment
         if not loggers:
             if not self._warned:
                 rank_zero_warn("ScaleVectorMonitor: the trainer has no logger, nothing is logged; set trainer.logger")
                 self._warned = True
             return
         lrs = {id(p): float(g["lr"]) for opt in trainer.optimizers for g in opt.param_groups for p in g["params"]}
-        self.log_model(pl_module, step, writer, loggers, is_writer=trainer.is_global_zero, lrs=lrs)
+        self.log_model(pl_module, step, None, loggers, is_writer=trainer.is_global_zero, lrs=lrs)
 
     def _snapshot_before_log(self, trainer: Any, pl_module: nn.Module) -> None:
         """At the step before a log: keep what ``step_rel_*`` compares with (nothing on other steps)."""

@@ -1,4 +1,5 @@
-"""Reading a run's TensorBoard events, and a run's endpoint (the mean of its last scheduled validation losses).
+"""Reading a run's logged scalars (TensorBoard events, or the files of its CSV, MLflow or W&B logger), and a
+run's endpoint (the mean of its last scheduled validation losses).
 
 A run validates on a schedule (every ``val_check_interval`` steps and at the final step), and Lightning
 validates once more at the step where a run stops on a signal; a resumed run keeps that extra point in its
@@ -11,13 +12,16 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from .metrics_readers import read_logged
+
 STOP_RE = re.compile(r"stopped by SIG\w+ at step (\d+)")
 ACCUMULATE_RE = re.compile(r"trainer\.accumulate_grad_batches = (\d+)")
 
 
 def read_scalars(folder: Path, prefixes: tuple[str, ...] = ("",)) -> dict[str, list[tuple[int, float]]]:
     """Every scalar under ``folder`` whose tag starts with one of ``prefixes``: tag -> sorted (step, value),
-    one value per step (the one written last, so that a resumed run's repeated steps count once)."""
+    one value per step (the one written last, so that a resumed run's repeated steps count once); from
+    TensorBoard events and from the files of the other loggers (``metrics_readers``: CSV, MLflow, W&B)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out: dict[str, dict[int, float]] = {}
@@ -31,6 +35,8 @@ def read_scalars(folder: Path, prefixes: tuple[str, ...] = ("",)) -> dict[str, l
                 series = out.setdefault(tag, {})
                 for e in acc.Scalars(tag):
                     series[int(e.step)] = float(e.value)
+    for tag, series in read_logged(folder, prefixes).items():  # CSV, MLflow file store, W&B offline runs
+        out.setdefault(tag, {}).update(series)
     return {tag: sorted(s.items()) for tag, s in out.items()}
 
 
