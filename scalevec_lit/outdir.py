@@ -124,6 +124,9 @@ class OutputFolder:
 
     def __init__(self, out: str | Path, *, command: str, key: str = "--out",
                  inputs: Iterable[tuple[str, str | Path]] = (), overwrite: bool = False) -> None:
+        if "://" in str(out):  # Path("s3://b/x") is the local folder s3:/b/x; prepare uploads (data/publish.py)
+            raise UserError(key, repr(str(out)), f"a URL: {command} writes a local folder", "write it to a local "
+                            "folder and copy that to the bucket (only prepare --output takes an s3:// URL)")
         self.out, self.command, self.key, self.overwrite = Path(out), command, key, overwrite
         self.inputs = [(k, p) for k, p in inputs if p is not None]
         self.real = self.out.resolve()

@@ -174,3 +174,14 @@ def test_cache_follows_a_new_prepare(s3, tmp_path):
                            Body=_objects(s3, "renewed")["meta.json"].replace(b'"eos_id"', b'"eos_id" '))
     again = _module(url, tmp_path, s3.options, shuffle=False)
     assert again._local[0] == dm._local[0] and not stale.exists()
+
+
+def test_other_commands_refuse_a_url_output(tmp_path, monkeypatch):
+    """``export --out s3://...`` would have written the local folder ``s3:/...``: refused, nothing written."""
+    from scalevec_lit.outdir import OutputFolder
+
+    monkeypatch.chdir(tmp_path)
+    text = _error(lambda: OutputFolder("s3://corpus/model", command="export", key="--out"))
+    assert text == ("--out: 's3://corpus/model': a URL: export writes a local folder; write it to a local folder and "
+                    "copy that to the bucket (only prepare --output takes an s3:// URL)")
+    assert list(tmp_path.iterdir()) == []

@@ -130,11 +130,19 @@ def _downloader_class():
             super().__init__(remote_dir, cache_dir, chunks, options)
             self.remote = Remote(remote_dir, options, key=key)
 
-        def _record(self, local: Path) -> Optional[dict]:
-            """The chunk's record (bytes, sha256) in ``meta.json`` beside the split's cache folder."""
+        def _meta(self, local: Path) -> dict:
+            """``meta.json`` beside the split's cache folder (``mirror`` wrote it)."""
             try:
-                record = json.loads((local.parent.parent / "meta.json").read_text())["chunks"][local.parent.name]
-            except (OSError, ValueError, KeyError, TypeError):
+                return json.loads((local.parent.parent / "meta.json").read_text())
+            except (OSError, ValueError):
+                return {}
+
+        @staticmethod
+        def _record(meta: dict, local: Path) -> Optional[dict]:
+            """The chunk's record (bytes, sha256) in ``meta.json``."""
+            try:
+                record = meta["chunks"][local.parent.name]
+            except (KeyError, TypeError):
                 return None
             return next((r for r in record if r.get("name") == local.name), None)
 
@@ -144,11 +152,13 @@ def _downloader_class():
                 return
             rel = remote_filepath[len(self.remote.url):].lstrip("/") if remote_filepath.startswith(self.remote.url) \
                 else remote_filepath.rsplit("/", 1)[-1]
-            rec = self._record(local) if local.name != "index.json" else None
+            from .integrity import _fix
+
+            meta = self._meta(local)
+            rec = self._record(meta, local) if local.name != "index.json" else None
             size = rec.get("bytes") if rec else None
             sha = rec.get("sha256") if rec and self.verify != "sizes" else None
-            fix = f"prepare that folder again: python -m scalevec_lit prepare ... --output " \
-                  f"{self.remote.url.rsplit('/', 1)[0]} --overwrite (a chunk cannot be repaired alone)"
+            fix = _fix(self.remote.url.rsplit("/", 1)[0], meta)  # the prepare command that rebuilds the folder
             self.remote.download(rel, local, size=size, sha256=sha, fix=fix)
 
         async def adownload_file(self, remote_filepath: str, local_filepath: str) -> None:
