@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, main_in_process, scalars, smoke_args
+from helpers import ROOT, main_in_process, run_cli, scalars, smoke_args
 from s3_server import BUCKET, PREFIX, S3Server, session_server
 
 pytestmark = pytest.mark.slow  # a server process, fits, a killed subprocess
@@ -63,6 +63,8 @@ def runs(request, tmp_path_factory) -> dict[str, dict[int, float]]:
             main(_args(data, tmp / name, tmp / "cache", 2 * N))
             losses[name] = _losses(tmp / name, "version_0")
     assert not (tmp / "s3:").exists() and not (tmp / "remote" / "s3:").exists()
+    cached = sorted((tmp / "cache").glob("shakespeare-*/train/*.bin"))  # data.cache_size=40KB: 16 KB chunks
+    assert 1 <= len(cached) <= 4, cached  # chunks read were deleted (2N steps read about 6 of them)
     return losses
 
 
@@ -150,3 +152,14 @@ def test_endpoint_stops_answering_mid_run(s3, reference, tmp_path, capfd, monkey
         _resumed(s3.url, root, cache, capfd, reference, options)
     finally:
         own.stop()
+
+
+def test_two_processes_fit_from_the_bucket(s3, aws_env, tmp_path):
+    """``--trainer.devices=2 --trainer.strategy=ddp`` from the bucket: both ranks share the node's capped
+    cache and the run finishes."""
+    root = tmp_path / "run"
+    res = run_cli(_args(s3.url, root, tmp_path / "cache", 4, "--trainer.devices=2", "--trainer.strategy=ddp"),
+                  cwd=tmp_path, env=aws_env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(_losses(root, "version_0")) == [0, 1, 2, 3]
+    assert len(list((tmp_path / "cache").glob("shakespeare-*/train/*.bin"))) <= 8  # two ranks, 40 KB each
