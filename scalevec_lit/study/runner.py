@@ -219,6 +219,7 @@ def run_study(study: Study, out: Path, parallel: int = 1, dry_run: bool = False,
     if study.path is not None:
         shutil.copyfile(study.path, out / "study.yaml")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # an MLflow logger writes a file store in its run (loggers.py)
     env.setdefault("OMP_NUM_THREADS", "1" if parallel > 1 else env.get("OMP_NUM_THREADS", ""))
     if not env["OMP_NUM_THREADS"]:
         env.pop("OMP_NUM_THREADS")

@@ -162,7 +162,10 @@ def run_dir(out: Path, variant: str, seed: int, lr: Optional[float] = None) -> P
 
 
 def fit_command(study: Study, variant: Variant, seed: int, root: Path, lr: Optional[float] = None) -> list[str]:
-    """The ``python -m scalevec_lit fit`` command of one run (its callbacks YAML is ``root/callbacks.yaml``)."""
+    """The ``python -m scalevec_lit fit`` command of one run (its callbacks YAML is ``root/callbacks.yaml``;
+    its loggers write in ``root``: ``loggers.logger_args``)."""
+    from .loggers import logger_args
+
     cmd = [sys.executable, "-m", "scalevec_lit", "fit"]
     for c in [*study.base, *variant.configs]:
         cmd += ["--config", str(c)]
@@ -171,8 +174,8 @@ def fit_command(study: Study, variant: Variant, seed: int, root: Path, lr: Optio
         cmd += [f"{study.lr_arg}={lr!r}"]
     cmd += [
         f"--seed_everything={seed}", f"--data.seed={seed}", f"--trainer.default_root_dir={root}",
-        f"--trainer.logger.init_args.save_dir={root}", "--trainer.logger.init_args.name=tb",
-        "--trainer.logger.init_args.version=0",
+        *logger_args([*study.base, *variant.configs], [*study.args, *variant.args], root,
+                     Run(variant.name, lr, seed).rel().as_posix()),
     ]
     if any(p.suffix == ".ckpt" for p in (root / CKPT_DIR).glob("*.ckpt")):
         cmd += ["--ckpt_path=last"]
