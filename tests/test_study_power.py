@@ -22,7 +22,7 @@ def test_power_at_zero_effect_is_the_level():
 
 def test_mde_has_exactly_the_asked_power_by_scipy():
     """scipy's noncentral t (an independent implementation) gives the power at the reported MDE. Tolerance
-    1e-7: the bisection leaves λ exact to float64, the Simpson integral errs by at most 1.5e-9 (measured over
+    1e-7: the root is found to |power − level| < 1e-13, the Simpson integral errs by at most 1.5e-9 (measured over
     df 1-1000, α 0.01-0.1) and scipy's nct by less than 1e-10; the approximation misses by 0.005 to 0.07."""
     nct = pytest.importorskip("scipy.stats").nct
     for n in (2, 3, 4, 5, 6, 8, 12, 30):

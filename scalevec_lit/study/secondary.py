@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from statistics import NormalDist
 from typing import Optional
 
 from . import stats
@@ -34,8 +35,12 @@ def seeds_needed(sd: float, mde: float, alpha: float = 0.05, level: float = 0.8,
     def enough(n: int) -> bool:
         return stats.detectable(sd, n, alpha, level)["mde"] <= mde
 
-    n = next((k for k in range(2, most + 1) if stats.detectable(sd, k, alpha, level, exact=False)["mde"] <= mde),
-             most + 1)
+    # a t-test needs at least the pairs of the z-test with known σ, ((z_{1-α/2} + z_level) · sd/mde)²; 0.95 of it
+    # leaves room for the z-test's other tail
+    z = NormalDist()
+    least = max(2, int(0.95 * ((z.inv_cdf(1 - alpha / 2) + z.inv_cdf(level)) * sd / mde) ** 2))
+    n = next((k for k in range(least, most + 1)
+              if stats.detectable(sd, k, alpha, level, exact=False)["mde"] <= mde), most + 1)
     while n > 2 and enough(n - 1):
         n -= 1
     while n <= most and not enough(n):
