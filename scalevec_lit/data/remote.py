@@ -13,7 +13,8 @@ Where the endpoint and the credentials come from: boto3's standard chain (``AWS_
 
 Every request is tried ``retries`` times (default 6) when the endpoint cannot be reached or answers with
 a server error (5xx, throttling), waiting ``retry_wait`` seconds (default 1) and twice as long after each
-failure (at most 30 s); each attempt waits at most ``timeout`` seconds (default 60) for an answer. Then
+failure (at most 30 s); the connection and each read of an attempt wait at most ``timeout`` seconds
+(default 60). Then
 a ``RunError`` names the URL, what the endpoint said and the fix; so do a missing bucket or object and
 rejected credentials, at once (no retry can fix them).
 
