@@ -6,6 +6,7 @@ message naming the URL and the fix."""
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,27 @@ def test_other_commands_refuse_a_url_output(tmp_path, monkeypatch):
     assert text == ("--out: 's3://corpus/model': a URL: export writes a local folder; write it to a local folder and "
                     "copy that to the bucket (only prepare --output takes an s3:// URL)")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_prepare_overwrites_its_own_prefix_only(s3, tmp_path):
+    """--overwrite replaces an earlier prepare (its old chunks removed, another chunk size); an interrupted
+    upload (a manifest, no meta.json) is prepared again without --overwrite."""
+    from scalevec_lit.data.prepare import prepare
+
+    text = tmp_path / "in" / "a.txt"
+    text.parent.mkdir()
+    text.write_text("\n\n".join(f"Paragraph {i}: " + "the quick brown fox jumps over the lazy dog. " * 20
+                                for i in range(60)))
+    url = f"s3://{BUCKET}/small"
+    first = prepare(text.parent, output_dir=url, chunk_tokens=512, num_workers=1, storage_options=s3.options)
+    before = {k for k in _objects(s3, "small") if k.endswith(".bin")}
+    second = prepare(text.parent, output_dir=url, chunk_tokens=4096, num_workers=1, overwrite=True,
+                     storage_options=s3.options)
+    objects = _objects(s3, "small")
+    after = {k for k in objects if k.endswith(".bin")}
+    assert after == {f"{s}/{c['name']}" for s in ("train", "val") for c in second["chunks"][s]}
+    assert len(before) > len(after) and first["tokens"] == second["tokens"]
+    assert json.loads(objects["meta.json"])["chunk_tokens"] == 4096
+    s3.client().delete_object(Bucket=BUCKET, Key="small/meta.json")  # as an upload cut short leaves it
+    prepare(text.parent, output_dir=url, chunk_tokens=4096, num_workers=1, storage_options=s3.options)
+    assert "meta.json" in _objects(s3, "small")
