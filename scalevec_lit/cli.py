@@ -150,6 +150,10 @@ class ScaleVecCLI(LightningCLI):
 
         trainer = super().instantiate_trainer(**kwargs)
         install_checkpoint_io(trainer)  # atomic writes, clear errors for corrupt files
+        if self.subcommand == "fit":  # issue 34 item 4: a lost rank stops the others in bounded time (lit/peers.py)
+            from .lit.peers import TIMEOUT_KEY, install
+
+            install(trainer, self.config[self.subcommand].get(TIMEOUT_KEY))
         return trainer
 
     def _parse_ckpt_path(self) -> None:
@@ -229,6 +233,9 @@ class ScaleVecCLI(LightningCLI):
 
         add_class_path_argument(parser, self.model_class_path)
         # -- end of H1
+        from .lit.peers import peer_timeout_argument
+
+        peer_timeout_argument(parser)  # issue 34 item 4
         parser.link_arguments("model.config.seq_len", "data.seq_len")
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
 
@@ -249,7 +256,10 @@ def _dispatch(argv: list[str]):
         return importlib.import_module(EXTRA_COMMANDS[argv[0]]).main(argv[1:])
     argv = resolve_config_args(argv, sys.argv)  # --config smoke: a shipped recipe by name; a path wins (issue 35)
     check_config_files(argv)
-    cli = _run_cli(None if argv == sys.argv[1:] else argv)  # None: LightningCLI reads sys.argv itself
+    from .lit.peers import translate
+
+    with translate():  # a failed collective after a peer is lost: one line naming it (lit/peers.py)
+        cli = _run_cli(None if argv == sys.argv[1:] else argv)  # None: LightningCLI reads sys.argv itself
     from scalevec_lit.callbacks.checkpoint import stopped_by_signal
 
     stop = getattr(cli, "trainer", None) and stopped_by_signal(cli.trainer)

@@ -1,0 +1,294 @@
+"""A lost rank: the other ranks stop in bounded time with one line naming it and the step (exit 75).
+
+With several processes, one that dies (SIGKILL, a crashed node) or stops answering (SIGSTOP, a hung
+driver) leaves the others in a collective: gloo fails within a second or two when a peer's socket closes
+(``Connection reset by peer``), but waits for the process group's timeout (30 minutes by default) when the
+peer is merely silent. Two mechanisms bound that wait, both set by the top-level ``peer_timeout`` (seconds):
+
+- the process group's own timeout (``timeout=`` of Lightning's DDP and ModelParallel strategies) is set to
+  it (at least a minute: it also bounds the start-up rendezvous), so a collective that waits longer raises;
+- every rank beats a counter in the rendezvous store (the ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT`` that
+  torchrun or Lightning already set up; a thread of its own, its own connection and timeout) and watches the
+  others' counters. A peer whose counter has not moved for ``peer_timeout`` seconds is lost: this process
+  prints the line and exits, even while its main thread is blocked inside a collective that Python cannot
+  interrupt. A store that stops answering means its host is lost (rank 0 under Lightning's own launcher,
+  the node running the rendezvous under torchrun).
+
+When a collective fails (``translate``), the ranks that stopped beating are named: the survivors keep beating
+for a short window (three heartbeat intervals), so only the lost ones fall silent. A rank that finishes or
+fails on its own marks itself done first, so that it is never reported as lost.
+
+What a lost peer leaves: the newest complete checkpoint. The step in flight is not saved: under FSDP2 the
+survivors hold only their shards; under DDP rank 0 holds a full copy of the weights and optimizer state, but
+the data position and the loop's counters are only consistent between steps, and writing them needs
+collectives. So checkpoint often enough (asynchronously, ``docs/scale-out.md``) and let the launcher restart
+the job from ``--ckpt_path last`` (``launch/torchrun_fit.sh``'s restart policy).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Iterator, Optional
+
+from lightning.pytorch.callbacks import Callback
+
+from ..errors import RunError
+
+PEER_LOST_EXIT = 75  # EX_TEMPFAIL: a temporary failure; the same command (--ckpt_path last) resumes
+DEFAULT_PEER_TIMEOUT = 300.0  # seconds: 5 minutes, not the process group's 30
+TIMEOUT_KEY = "peer_timeout"
+MIN_GROUP_TIMEOUT = 60.0  # seconds: the process group's timeout also bounds the start-up rendezvous
+COLLECTIVE_FAILURES = ("DistBackendError", "DistNetworkError", "DistStoreError")
+COLLECTIVE_TEXTS = ("connection reset by peer", "connection closed by peer", "broken pipe", "gloo", "nccl",
+                    "timed out", "timeout", "socket", "connection refused")
+
+_active: Optional["PeerWatch"] = None
+_report_lock = threading.Lock()
+_reported = False
+
+
+class PeerLostError(RunError):
+    """Another rank of this run is gone (exit 75)."""
+
+    exit_code = PEER_LOST_EXIT
+
+
+def heartbeat_interval(timeout: float) -> float:
+    """Seconds between beats: a tenth of the timeout, between 0.2 s and 5 s."""
+    return min(5.0, max(0.2, timeout / 10))
+
+
+def lost_error(lost: list[int], step: int, how: str, newest: str = "") -> PeerLostError:
+    ranks = ", ".join(str(r) for r in lost)
+    return PeerLostError(
+        f"rank {ranks}" if lost else "a peer rank", f"lost at step {step}",
+        f"{how}; this rank stopped (exit {PEER_LOST_EXIT}); {newest or 'no checkpoint was written yet'}",
+        "resume with the same command and --ckpt_path last (launch/torchrun_fit.sh restarts by itself, "
+        f"MAX_RESTARTS times); a slow but healthy cluster needs a larger --{TIMEOUT_KEY} (seconds)")
+
+
+def is_collective_failure(err: BaseException) -> bool:
+    """Whether ``err`` is what a collective raises when a peer is gone (gloo/NCCL/c10d errors, timeouts)."""
+    names = {cls.__name__ for cls in type(err).__mro__}
+    if names & set(COLLECTIVE_FAILURES):
+        return True
+    text = str(err).lower()
+    return isinstance(err, (RuntimeError, ConnectionError, TimeoutError)) and any(t in text for t in COLLECTIVE_TEXTS)
+
+
+def _store_client(timeout: float):
+    import torch.distributed as dist
+
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "0"))
+    store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    prefix = f"scalevec_peers/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return dist.PrefixStore(prefix, store)
+
+
+class PeerWatch(Callback):
+    """Heartbeat and watchdog of one rank during ``fit`` (added by the CLI; nothing to configure here)."""
+
+    def __init__(self, timeout: float = DEFAULT_PEER_TIMEOUT) -> None:
+        self.timeout = float(timeout)
+        self.interval = heartbeat_interval(self.timeout)
+        self.step = 0
+        self.rank, self.world = 0, 1
+        self.last_checkpoint = ""
+        self._seen: dict[int, tuple[int, float]] = {}  # peer -> (counter, local time it last moved)
+        self._done: set[int] = set()  # peers that stopped on their own
+        self._store_ok = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._store = None
+        self._trainer = None
+
+    # -- Lightning hooks ---------------------------------------------------------------------------------
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        import torch.distributed as dist
+
+        global _active
+        if stage != "fit" or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return
+        self.rank, self.world, self._trainer = dist.get_rank(), dist.get_world_size(), trainer
+        self._store = _store_client(max(self.interval * 2, 5.0))
+        now = time.monotonic()
+        self._seen = {r: (-1, now) for r in range(self.world) if r != self.rank}
+        self._store_ok = now
+        self._beat()
+        self._thread = threading.Thread(target=self._run, name="scalevec-peer-watch", daemon=True)
+        self._thread.start()
+        _active = self
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.step = trainer.global_step
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if not (is_collective_failure(exception) or type(exception).__name__ == "StopSignal"):
+            self.finish()  # an error of its own; a stop signal is judged by ``translate``
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            self.finish()
+
+    # -- the heartbeat -----------------------------------------------------------------------------------
+    def _beat(self) -> None:
+        self._store.add(f"beat/{self.rank}", 1)
+
+    def _poll(self) -> list[int]:
+        """Beat once, read the peers' counters; the peers silent for ``timeout`` seconds."""
+        self._beat()
+        now = time.monotonic()
+        self._store_ok = now
+        for peer, (count, moved) in list(self._seen.items()):
+            if self._store.add(f"done/{peer}", 0):
+                self._done.add(peer)
+                del self._seen[peer]
+                continue
+            current = self._store.add(f"beat/{peer}", 0)
+            self._seen[peer] = (current, now) if current != count else (count, moved)
+        # a peer is watched once it has beaten (one still starting is left to the process group's timeout)
+        return sorted(p for p, (count, moved) in self._seen.items() if count > 0 and now - moved >= self.timeout)
+
+    def _counters(self, peers) -> dict[int, tuple[int, int]]:
+        return {p: (self._store.add(f"beat/{p}", 0), self._store.add(f"done/{p}", 0)) for p in peers}
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                lost = self._poll()
+            except Exception:  # noqa: BLE001 - the store's host is gone or not answering
+                if time.monotonic() - self._store_ok >= self.timeout:
+                    self._lost_now(self._store_host(), "the rendezvous store stopped answering")
+                continue
+            if lost:
+                self._lost_now(lost, f"no heartbeat for {self.timeout:g} s (killed, stopped, or its node is down)")
+
+    def _children_ended(self) -> Optional[tuple[list[int], str]]:
+        """Under Lightning's own launcher the other local ranks are this process's children: an ended one is
+        named at once (its launcher kills this process a few seconds later)."""
+        procs = getattr(getattr(getattr(self._trainer, "strategy", None), "launcher", None), "procs", None) or []
+        codes = {i + 1: p.poll() for i, p in enumerate(procs)}
+        ended = {i: c for i, c in codes.items() if c not in (None, 0)}
+        if not ended:
+            return None
+        first = self._trainer.node_rank * self._trainer.num_devices
+        how = [f"killed by {signal.Signals(-c).name}" if c < 0 and -c in signal.valid_signals() else f"exit {c}"
+               for c in ended.values()]
+        return [first + i for i in ended], f"its process ended ({', '.join(how)})"
+
+    def _store_host(self) -> list[int]:
+        return [] if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else [0]
+
+    def _lost_now(self, lost: list[int], how: str) -> None:
+        """From the watchdog thread: the main thread may be blocked in a collective; print and leave."""
+        if self._stop.is_set():
+            return
+        if say(lost_error(lost, self.step, how, self._newest_checkpoint())):
+            os._exit(PEER_LOST_EXIT)
+
+    def _newest_checkpoint(self) -> str:
+        """What is kept: the newest checkpoint's step and file (the steps after it are lost)."""
+        callback = getattr(self._trainer, "checkpoint_callback", None)
+        path = str(getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "") or "")
+        saved = getattr(callback, "_last_global_step_saved", 0)
+        if not path or not saved:
+            return ""
+        return f"the newest checkpoint is step {saved} ({path}), the steps after it are lost"
+
+    def finish(self) -> None:
+        """This rank stops on its own: mark it done (never reported as lost) and stop watching."""
+        global _active
+        if self._store is not None and not self._stop.is_set():
+            try:
+                self._store.add(f"done/{self.rank}", 1)
+            except Exception:  # noqa: BLE001 - the store's host may be gone already
+                pass
+        self._stop.set()
+        if _active is self:
+            _active = None
+
+    def name_lost(self) -> tuple[list[int], str]:
+        """After a failed collective: the peers whose counters do not move for three heartbeat intervals
+        (this rank's watchdog keeps beating meanwhile, and so do the other survivors')."""
+        ended = self._children_ended()
+        if ended:
+            return ended
+        peers = [r for r in range(self.world) if r != self.rank]
+        try:
+            before = self._counters(peers)
+            time.sleep(max(3 * self.interval, 1.0))
+            after = self._counters(peers)
+        except Exception:  # noqa: BLE001 - the store's host is gone
+            return self._store_host(), "the rendezvous store stopped answering"
+        lost = [p for p in peers if after[p] == before[p] and not after[p][1]]
+        if lost:
+            return lost, "its connection closed (killed, or its node is down)"
+        done = [p for p in peers if after[p][1]]
+        if done:
+            return done, "it stopped on an error of its own (its own message says which)"
+        return [], ""
+
+
+def say(err: PeerLostError) -> bool:
+    """Print ``err`` once per process (the watchdog and the main thread may both get there)."""
+    global _reported
+    with _report_lock:
+        if _reported:
+            return False
+        _reported = True
+    print(f"error: {err}", file=sys.stderr, flush=True)
+    return True
+
+
+@contextmanager
+def translate() -> Iterator[None]:
+    """Around ``fit``: a failed collective while a peer watch runs becomes ``PeerLostError`` (one line, 75);
+    so does a stop signal that arrives because a peer is lost (torchrun stops the other workers of a group
+    when one dies: the line names the lost rank rather than the signal)."""
+    global _reported
+    try:
+        yield
+    except BaseException as err:
+        watch = _active
+        stopped = type(err).__name__ == "StopSignal"
+        if watch is None or not (stopped or is_collective_failure(err)):
+            raise
+        with _report_lock:
+            claimed, _reported = not _reported, True
+        if not claimed:  # the watchdog has printed the line and is about to exit
+            time.sleep(60)
+            os._exit(PEER_LOST_EXIT)
+        lost, how = watch.name_lost()
+        watch.finish()
+        if stopped and not (lost and how.startswith("its connection")):
+            raise  # a stop signal of its own (Ctrl-C, scancel): its own line
+        if stopped:
+            how += ", and the launcher stopped this rank"
+        error = lost_error(lost, watch.step, how if lost else f"a collective failed: {str(err).splitlines()[0][:200]}",
+                           watch._newest_checkpoint())
+        raise error from err
+
+
+def peer_timeout_argument(parser) -> None:
+    parser.add_argument(f"--{TIMEOUT_KEY}", type=float, default=DEFAULT_PEER_TIMEOUT,
+                        help="seconds after which a silent or lost rank stops the others (one line, exit 75): "
+                             "the process group's timeout and the heartbeat's")
+
+
+def install(trainer, timeout: Optional[float]) -> None:
+    """Set the strategy's process-group timeout and add the heartbeat (several processes only)."""
+    if timeout is None:
+        return
+    if not timeout > 0:
+        from ..errors import UserError
+
+        raise UserError(TIMEOUT_KEY, timeout, "must be a positive number of seconds", f"set e.g. --{TIMEOUT_KEY}=300")
+    strategy = trainer.strategy
+    if hasattr(strategy, "_timeout"):  # it bounds the start-up rendezvous too: never under a minute
+        strategy._timeout = timedelta(seconds=max(timeout, MIN_GROUP_TIMEOUT))
+    trainer.callbacks.append(PeerWatch(timeout))
