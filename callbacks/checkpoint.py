@@ -39,8 +39,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from scalevec_lit import stopsignal
 from scalevec_lit.errors import notice
+from scalevec_lit.lit import reshard
 from scalevec_lit.runlock import LOCK, acquire_folder, check_lineage, release_folder
 from scalevec_lit.verify import unreadable, verify_checkpoint, write_failure
+
+from ._async_write import AsyncSaves, BackgroundWriter, DistributedAsync, snapshot
 
 __all__ = ["SafeModelCheckpoint", "SafeCheckpointIO"]
 
@@ -48,11 +51,26 @@ STOP_SIGNALS = stopsignal.STOP_SIGNALS
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
-    """Torch checkpoints written atomically and read with a clear error."""
+    """Torch checkpoints written atomically and read with a clear error; ``async_save``: written by a
+    background thread from a copy (``_async_write.py``)."""
+
+    def __init__(self, async_save: bool = False) -> None:
+        super().__init__()
+        self.async_save = async_save
+        self.writer = BackgroundWriter()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
         if storage_options is not None or "://" in str(path):  # remote storage: fsspec's own transaction
+            self.writer.wait()
             return super().save_checkpoint(checkpoint, path, storage_options)
+        if self.async_save:
+            copied = snapshot(checkpoint)
+            self.writer.submit(lambda: self._write(copied, path))
+        else:
+            self.writer.wait()
+            self._write(checkpoint, path)
+
+    def _write(self, checkpoint: dict[str, Any], path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
@@ -71,7 +89,15 @@ class SafeCheckpointIO(TorchCheckpointIO):
             raise
         os.replace(tmp, path)
 
+    def remove_checkpoint(self, path) -> None:
+        self.writer.wait()  # never the last complete checkpoint before its successor is complete
+        super().remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        self.writer.wait()
+
     def load_checkpoint(self, path, map_location: Optional[Any] = None, weights_only: Optional[bool] = None) -> dict:
+        self.writer.wait()
         p = verify_checkpoint(path, full=True)
         try:
             return super().load_checkpoint(path, map_location=map_location, weights_only=False)
@@ -112,18 +138,25 @@ def stopped_by_signal(trainer) -> int:
     return max((getattr(cb, "stop_exit_code", 0) for cb in trainer.callbacks), default=0)
 
 
-class SafeModelCheckpoint(ModelCheckpoint):
+class SafeModelCheckpoint(AsyncSaves, ModelCheckpoint):
     """``ModelCheckpoint`` whose default folder survives restarts, whose writes are atomic, which owns its
     folder for the run and saves on a stop signal.
 
     Args:
         stop_check_every_n_steps: with several processes, how often the ranks agree on a received stop
             signal (one small all-reduce); a single process checks at every step, for free.
+        async_save: write each checkpoint in the background, from a copy taken at the step (training stops
+            only for the copy; ``callbacks/_async_write.py``); a one-file checkpoint by a writer thread, a
+            distributed (DCP) one by ``torch.distributed.checkpoint.async_save``. The same atomic rename,
+            verification and exact resume as a synchronous save.
         All other arguments are ``ModelCheckpoint``'s.
     """
 
-    def __init__(self, *args: Any, stop_check_every_n_steps: int = 10, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, stop_check_every_n_steps: int = 10, async_save: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.async_save = bool(async_save)
+        self._dcp_async: Optional[DistributedAsync] = None
         self.stop_check_every_n_steps = max(1, int(stop_check_every_n_steps))
         self.stop_signal: Optional[int] = None  # the signal that stopped the run
         self.stop_exit_code = 0
@@ -136,10 +169,18 @@ class SafeModelCheckpoint(ModelCheckpoint):
             self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints")
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.async_save and not getattr(trainer.strategy, "_save_distributed_checkpoint", False):
+            io = trainer.strategy.checkpoint_io
+            if isinstance(io, SafeCheckpointIO):
+                io.async_save = True
+            elif type(io) is TorchCheckpointIO:
+                trainer.strategy.checkpoint_io = SafeCheckpointIO(async_save=True)
         self._stable_dirpath(trainer)
         super().setup(trainer, pl_module, stage)
         if stage == "fit":
             self._lock(trainer)
+            if getattr(trainer.strategy, "_save_distributed_checkpoint", False) and trainer.world_size > 1:
+                reshard.refuse_one_file(trainer.strategy, trainer.world_size)
 
     # -- one run per folder ---------------------------------------------------------------------------
     def _lock(self, trainer) -> None:
@@ -181,11 +222,13 @@ class SafeModelCheckpoint(ModelCheckpoint):
             self._locked = None
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
+        self.wait_for_writes(trainer)
         self._restore_handlers()
         if stage == "fit":
             self._unlock()
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self.wait_for_writes(trainer, raise_error=False)  # the exception in flight is the one to report
         self._restore_handlers()
         self._unlock()
 
@@ -205,6 +248,7 @@ class SafeModelCheckpoint(ModelCheckpoint):
 
     def on_train_end(self, trainer, pl_module) -> None:
         super().on_train_end(trainer, pl_module)
+        self.wait_for_writes(trainer)
         stopsignal.leave_training(trainer.global_step)  # a signal now waits for the last writes
         if self._received is not None and self.stop_signal is None:  # arrived after the last step's check
             stopsignal.remember(self._received)
@@ -262,10 +306,20 @@ class SafeModelCheckpoint(ModelCheckpoint):
         }
 
     def _save_checkpoint(self, trainer, filepath: str) -> None:
-        if not (getattr(trainer.strategy, "_save_distributed_checkpoint", False) and trainer.world_size > 1):
+        if self.async_save and self._same_step_again(trainer, filepath) and self._writer(trainer) is not None:
+            self._link_last(trainer, filepath, replace_directory)  # last: the step's checkpoint, linked
+            return self._saved(trainer, filepath)
+        if not getattr(trainer.strategy, "_save_distributed_checkpoint", False):
             return super()._save_checkpoint(trainer, filepath)  # one file: SafeCheckpointIO makes it atomic
-        # a folder of shards: every rank writes into a temporary folder, then rank 0 swaps it in
+        # a folder of shards (any number of processes): every rank writes into a temporary folder, then rank 0
+        # swaps it in
         tmp = Path(filepath + ".tmp")
+        if self.async_save:
+            if self._dcp_async is None:
+                self._dcp_async = DistributedAsync()
+            self._dcp_async.save(trainer, tmp, Path(filepath), self.save_weights_only, replace_directory)
+            self._saved(trainer, filepath)
+            return
         if trainer.is_global_zero and tmp.exists():
             shutil.rmtree(tmp)
         trainer.strategy.barrier("safe_checkpoint_clean")
@@ -274,12 +328,32 @@ class SafeModelCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             replace_directory(tmp, Path(filepath))
         trainer.strategy.barrier("safe_checkpoint_renamed")
+        self._saved(trainer, filepath)
+
+    def _saved(self, trainer, filepath: str) -> None:
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(self)
 
+    # -- another number of processes (scalevec_lit/lit/reshard.py) -------------------------------------------
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        if "loops" in checkpoint:
+            checkpoint[reshard.KEY] = reshard.record_of(trainer, checkpoint)
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(trainer, pl_module, checkpoint)
+        if "loops" not in checkpoint or trainer.state.fn != "fit":
+            return
+        line = reshard.reshard_loops(checkpoint, world_size=trainer.world_size,
+                                     accumulate=max(1, int(trainer.accumulate_grad_batches)),
+                                     micro_batch=reshard.micro_batch_of(trainer))
+        if line is not None and trainer.is_global_zero:
+            notice(line)
+
     def _remove_checkpoint(self, trainer, filepath: str) -> None:
+        self.wait_for_writes(trainer)  # its successor is complete first
         if Path(filepath).exists():
             super()._remove_checkpoint(trainer, filepath)

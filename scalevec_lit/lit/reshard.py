@@ -1,0 +1,129 @@
+"""Resume on another number of processes: what a checkpoint records of the world that wrote it, and how the
+training loop's counters follow the new one.
+
+A checkpoint written by N processes resumes on M (``SafeModelCheckpoint`` calls both functions):
+
+- **weights and optimizer**: a distributed (DCP) checkpoint folder reshards by itself (each rank reads the
+  slices of its new shards); a one-file checkpoint is read whole and sharded on load (Lightning's
+  ``ModelParallelStrategy``);
+- **the global batch** stays the recipe's (``global_batch_tokens``/``global_batch_size``), so the gradient
+  accumulation follows the new data-parallel size (``lit/batch.py``);
+- **the data position** is a global count, the sequences read in this epoch by all ranks together
+  (``sequences``, recorded here; litdata records the same count as ``sample_in_epoch``). litdata's
+  ``StreamingDataset`` rebuilds the order in which the first world read the epoch and deals the rest out
+  over the new ranks, batch by batch (its "elastic" resume), so the optimizer step after the resume reads
+  the same sequences as it would have read without the change, none repeated, none skipped;
+- **Lightning's micro-batch counters**, which decide where an accumulation window ends, count per rank:
+  ``reshard_loops`` rescales them to the new accumulation (otherwise the first step after a resume on fewer
+  ranks would step after a part of its micro-batches).
+
+Plain Python on checkpoint dicts (no Lightning import).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..errors import UserError
+
+KEY = "scalevec_world"  # the checkpoint's record of the world that wrote it
+
+
+def world_record(*, world_size: int, accumulate: int, micro_batch: int, loops: dict) -> dict:
+    """What the checkpoint keeps of its world: processes, accumulation, micro batch, the global batch in
+    sequences, and the data position as a global sequence count in the current epoch."""
+    current = loops["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"]
+    per_step = accumulate * micro_batch * world_size
+    return {"world_size": world_size, "accumulate": accumulate, "micro_batch": micro_batch,
+            "sequences_per_step": per_step, "sequences": current * micro_batch * world_size}
+
+
+def _loader_states(checkpoint: dict) -> list:
+    state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader")
+    return state if isinstance(state, list) else []
+
+
+def reshard_loops(checkpoint: dict, *, world_size: int, accumulate: int, micro_batch: int) -> Optional[str]:
+    """Make ``checkpoint``'s loop counters fit a run of ``world_size`` processes accumulating ``accumulate``
+    micro-batches of ``micro_batch`` sequences (in place). Returns the line to print when the world changed,
+    ``None`` when nothing changed; ``UserError`` (exit 2) when the checkpoint cannot resume on this world."""
+    saved = checkpoint.get(KEY)
+    loaders = _loader_states(checkpoint)
+    if saved is None:  # a checkpoint written before this record: only on the world size litdata recorded
+        old = next((s["dataset"].get("world_size") for s in loaders if isinstance(s, dict)
+                    and isinstance(s.get("dataset"), dict) and "world_size" in s["dataset"]), world_size)
+        if old != world_size:
+            raise UserError("--ckpt_path", "(this checkpoint)", f"was written by {old} processes before checkpoints "
+                           f"recorded their global batch, so it cannot resume on {world_size}",
+                           f"resume it on {old} processes (--trainer.devices={old}), then save again")
+        return None
+    if (saved["world_size"], saved["accumulate"], saved["micro_batch"]) == (world_size, accumulate, micro_batch):
+        return None
+    if saved["micro_batch"] != micro_batch:
+        raise UserError("data.batch_size", micro_batch, f"differs from the {saved['micro_batch']} this checkpoint was "
+                       "written with; the data position is kept in whole micro-batches per rank",
+                       f"resume with --data.batch_size={saved['micro_batch']} (the global batch sets the "
+                       "accumulation on any number of processes)")
+    for state in loaders:
+        child = state.get("dataset") if isinstance(state, dict) else None
+        if isinstance(child, dict) and "input_dir_path" not in child and saved["world_size"] != world_size:
+            raise UserError("data.data_dir", "(several folders)", f"a mixed data set resumes only on the number of "
+                           f"processes that wrote the checkpoint ({saved['world_size']}; litdata's "
+                           "CombinedStreamingDataset cannot deal its position out anew)",
+                           f"resume on {saved['world_size']} processes (--trainer.devices={saved['world_size']})")
+        if isinstance(child, dict) and "sample_in_epoch" in child and child["sample_in_epoch"] != saved["sequences"]:
+            raise UserError("--ckpt_path", "(this checkpoint)", f"records {saved['sequences']:,} sequences read in this "
+                           f"epoch but its data loader {child['sample_in_epoch']:,}", "resume from another checkpoint")
+    loop = checkpoint["loops"]["fit_loop"]
+    progress = loop["epoch_loop.batch_progress"]
+    ready = progress["current"]["ready"]
+    if ready % saved["accumulate"]:
+        raise UserError("--ckpt_path", "(this checkpoint)", f"was written in the middle of an accumulation window "
+                       f"(micro-batch {ready} of {saved['accumulate']} per step), so it cannot resume on another "
+                       "number of processes", "resume from a checkpoint written at the end of a step (every "
+                       "SafeModelCheckpoint save is), or on the same number of processes")
+    steps = ready // saved["accumulate"]
+    new_ready = steps * accumulate
+    for field, value in list(progress["current"].items()):
+        progress["current"][field] = new_ready + (value - ready)
+    for field, value in list(progress["total"].items()):
+        progress["total"][field] = value - ready + new_ready
+    new_per_step = accumulate * micro_batch * world_size
+    batch = (f"the same global batch of {new_per_step:,} sequences" if new_per_step == saved["sequences_per_step"]
+             else f"the global batch changes from {saved['sequences_per_step']:,} to {new_per_step:,} sequences "
+                  "(set global_batch_tokens or global_batch_size to keep it)")
+    return (f"resuming a checkpoint of {saved['world_size']} process(es) on {world_size}: {batch}, "
+            f"{accumulate} accumulation step(s) per rank (were {saved['accumulate']}); data position: "
+            f"{saved['sequences']:,} sequences read in this epoch, the rest dealt out over {world_size} rank(s)")
+
+
+def record_of(trainer, checkpoint: dict) -> dict[str, Any]:
+    """``world_record`` of a running ``trainer`` for the ``checkpoint`` it is saving."""
+    return world_record(world_size=trainer.world_size, accumulate=max(1, int(trainer.accumulate_grad_batches)),
+                        micro_batch=micro_batch_of(trainer), loops=checkpoint["loops"])
+
+
+def micro_batch_of(trainer) -> int:
+    dm = getattr(trainer, "datamodule", None)
+    if dm is not None and getattr(dm, "batch_size", None):
+        return int(dm.batch_size)
+    loader = getattr(getattr(trainer, "fit_loop", None), "_combined_loader", None)
+    flat = getattr(loader, "flattened", None) or []
+    return int(getattr(flat[0], "batch_size", 1) or 1) if flat else 1
+
+
+def refuse_one_file(strategy, world_size: int) -> None:
+    """Make ``strategy.load_checkpoint`` (FSDP2 on ``world_size`` > 1 processes) refuse a one-file checkpoint
+    with one line: Lightning reads it whole and fails to shard it there (a tensor size mismatch)."""
+    from pathlib import Path
+
+    load = strategy.load_checkpoint
+
+    def checked(checkpoint_path, *args, **kwargs):
+        if Path(checkpoint_path).is_file():
+            raise UserError("--ckpt_path", str(checkpoint_path), f"is a one-file checkpoint; FSDP2 on {world_size} "
+                           "processes resumes only a distributed checkpoint folder (DCP)", "resume it on one process "
+                           "under the same strategy first (--trainer.devices=1: it loads the file and saves DCP "
+                           f"folders), then resume one of those on {world_size}")
+        return load(checkpoint_path, *args, **kwargs)
+
+    strategy.load_checkpoint = checked
