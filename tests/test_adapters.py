@@ -32,7 +32,7 @@ from scalevec_lit.model.spec import build_from_spec
 from scalevec_lit.model.transformer import Transformer
 from scalevec_lit.scale.fold import fold_scales
 from scalevec_lit.scale.registry import scale_parameters
-from test_export import perturb_scales_, preset_spec
+from export_models import perturb_scales_, preset_spec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
