@@ -16,9 +16,17 @@ def pytest_configure(config):
     """Under pytest-xdist (``make test``: one worker per core) each worker computes with one intra-op thread,
     and so do the processes its tests start (``OMP_NUM_THREADS``, unless a test sets it): two workers with
     two threads each on a 2-core CPU would run four threads on two cores."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
         torch.set_num_threads(1)
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        # inductor's kernel cache, one per worker: two workers compiling the same kernel into one shared cache
+        # can load the other's half-written library ("file too short"); kept between runs as the default is
+        import getpass
+        import tempfile
+
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+            tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}", f"xdist_{worker}"))
 
 
 @pytest.fixture(scope="session")
