@@ -1,0 +1,130 @@
+"""``launch/torchrun_fit.sh``'s restart policy (issue 34 item 4): a rank killed with SIGKILL in the middle of a
+step, after a checkpoint exists, and the job restarts by itself from the newest complete checkpoint
+(``--ckpt_path last``) and finishes with the weights of an uninterrupted run, bitwise (CPU, DDP, gloo).
+
+Two topologies: one torchrun with 2 processes, and 2 "nodes" (two torchrun processes, 1 process each) meeting
+through the c10d rendezvous on 127.0.0.1. The data is the prepared local folder (``prepared_data``).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import ROOT, free_port
+
+pytestmark = pytest.mark.slow  # torchrun processes, several fits
+
+STEPS, EVERY, KILL_AT = 9, 3, 5  # checkpoints at steps 3, 6, 9; rank 1 killed during step 5 (after 3 exists)
+
+
+def _fit_options(data: Path, root: Path, kill: bool) -> list[str]:
+    ckpt = root / "ckpt.yaml"
+    ckpt.write_text(
+        "trainer:\n  callbacks:\n    - class_path: scalevec_lit.callbacks.SafeModelCheckpoint\n"
+        "      init_args: {filename: 'step{step:06d}', auto_insert_metric_name: false, "
+        f"every_n_train_steps: {EVERY}, save_last: true, save_top_k: -1}}\n")
+    options = [
+        "--config", str(ckpt), f"--data.data_dir={data}", f"--trainer.max_steps={STEPS}", "--trainer.accelerator=cpu",
+        "--trainer.strategy=ddp", f"--trainer.default_root_dir={root}", f"--trainer.logger.init_args.save_dir={root}",
+        "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false", "--model.config.n_layer=1",
+        "--model.config.n_embd=32", "--model.config.seq_len=32", "--data.batch_size=2",
+        "--model.schedule.init_args.warmup_steps=2",
+    ]
+    if kill:
+        options += ["--trainer.callbacks+=peer_probes.LoseRank", f"--trainer.callbacks.init_args.step={KILL_AT}",
+                    "--trainer.callbacks.init_args.signal=SIGKILL",
+                    f"--trainer.callbacks.init_args.marker={root / 'lost.marker'}"]
+    return options
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _launch(data: Path, root: Path, nodes: int, per_node: int, restarts: int, kill: bool) -> list[tuple[int, str]]:
+    """Run ``launch/torchrun_fit.sh`` ``nodes`` times side by side (one per "node"); (exit code, output) each."""
+    root.mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "PYTHONUNBUFFERED": "1",
+           "OMP_NUM_THREADS": "1", "NNODES": str(nodes), "GPUS_PER_NODE": str(per_node), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "MAX_RESTARTS": str(restarts), "PEER_TIMEOUT": "10",
+           "RUN_ID": root.name, "TORCHRUN": str(Path(sys.executable).with_name("torchrun"))}
+    command = ["bash", str(ROOT / "launch" / "torchrun_fit.sh"), str(ROOT / "recipes" / "smoke.yaml"), "",
+               *_fit_options(data, root, kill)]
+    procs = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(nodes)]
+    results = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=420)
+            results.append((proc.returncode, out))
+    finally:
+        for proc in procs:
+            for pid in [*_descendants(proc.pid), proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait()
+    return results
+
+
+def _final(root: Path) -> dict:
+    checkpoint = torch.load(root / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == STEPS
+    return checkpoint
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(prepared_data, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("restart") / "uninterrupted"
+    (code, out), = _launch(prepared_data, root, 1, 2, 0, kill=False)
+    assert code == 0, out[-4000:]
+    return _final(root)
+
+
+def _assert_same(got: dict, expected: dict) -> None:
+    assert got["state_dict"].keys() == expected["state_dict"].keys()
+    for name, tensor in expected["state_dict"].items():
+        assert torch.equal(got["state_dict"][name], tensor), name
+    mine, theirs = got["optimizer_states"][0]["state"], expected["optimizer_states"][0]["state"]
+    assert mine.keys() == theirs.keys()
+    for index, state in theirs.items():
+        for key, value in state.items():
+            assert torch.equal(mine[index][key], value), (index, key)
+
+
+@pytest.mark.parametrize("nodes, per_node", [(1, 2), (2, 1)], ids=["2-processes", "2-nodes"])
+def test_a_killed_rank_restarts_from_the_newest_checkpoint_and_finishes_bitwise(prepared_data, tmp_path, uninterrupted,
+                                                                               nodes, per_node):
+    root = tmp_path / f"killed-{nodes}x{per_node}"
+    started = time.monotonic()
+    results = _launch(prepared_data, root, nodes, per_node, 1, kill=True)
+    took = time.monotonic() - started
+    text = "\n".join(out for _, out in results)
+    assert [code for code, _ in results] == [0] * nodes, text[-6000:]
+    assert (root / "lost.marker").is_file()  # rank 1 was killed during step 5: torchrun saw it once ...
+    assert text.count("failed (exitcode: -9)") == 1 and "Root Cause" not in text, text[-6000:]  # ... and restarted
+    assert text.count(f"Restored all states from the checkpoint at {root / 'checkpoints' / 'last.ckpt'}") == 1, text[-6000:]
+    assert sorted(p.name for p in (root / "checkpoints").glob("step*.ckpt")) == [
+        "step000003.ckpt", "step000006.ckpt", "step000009.ckpt"]
+    _assert_same(_final(root), uninterrupted)
+    print(f"{nodes}x{per_node}: killed, restarted and finished in {took:.0f} s")
