@@ -51,10 +51,26 @@ class Histogram:
         return {"edges": self.edges.tolist(), "counts": self.counts.tolist(), "nonfinite": self.nonfinite}
 
 
-def _draw_histogram(tag: str, hist: Histogram, step: int) -> np.ndarray:
-    from ._monitor_figures import histogram_image
+class _Log:
+    """One log's histograms, binned and drawn at most once whatever the number of loggers that need them."""
 
-    return histogram_image(tag, hist.counts, hist.edges, step)
+    def __init__(self, step: int, histograms: Mapping[str, Any]) -> None:
+        self.step, self.values = step, histograms
+        self._bins: dict[str, Histogram] = {}
+        self._pictures: dict[str, np.ndarray] = {}
+
+    def binned(self, tag: str) -> Histogram:
+        if tag not in self._bins:
+            self._bins[tag] = Histogram.of(self.values[tag])
+        return self._bins[tag]
+
+    def picture(self, tag: str) -> np.ndarray:
+        if tag not in self._pictures:
+            from ._monitor_figures import histogram_image
+
+            h = self.binned(tag)
+            self._pictures[tag] = histogram_image(tag, h.counts, h.edges, self.step)
+        return self._pictures[tag]
 
 
 class _Sink:
@@ -66,7 +82,7 @@ class _Sink:
         self.logger = logger
 
     def write(self, step: int, scalars: Mapping[str, float], histograms: Mapping[str, Any],
-              images: Mapping[str, np.ndarray]) -> None:
+              images: Mapping[str, np.ndarray], log: Optional[_Log] = None) -> None:
         if scalars:
             self.logger.log_metrics(dict(scalars), step)
 
@@ -78,12 +94,12 @@ class _TensorBoard(_Sink):
         super().__init__(logger)
         self.writer, self.add_scalar = writer, add_scalar
 
-    def write(self, step, scalars, histograms, images) -> None:
+    def write(self, step, scalars, histograms, images, log=None) -> None:
         if self.add_scalar or self.logger is None:
             for tag, value in scalars.items():
                 self.writer.add_scalar(tag, value, step)
         else:
-            super().write(step, scalars, histograms, images)
+            super().write(step, scalars, histograms, images, log)
         for tag, values in histograms.items():
             self.writer.add_histogram(tag, values, global_step=step)
         for tag, image in images.items():
@@ -93,12 +109,12 @@ class _TensorBoard(_Sink):
 class _Wandb(_Sink):
     figures = True
 
-    def write(self, step, scalars, histograms, images) -> None:
+    def write(self, step, scalars, histograms, images, log=None) -> None:
         import wandb
 
         row: dict[str, Any] = dict(scalars)
-        for tag, values in histograms.items():
-            h = Histogram.of(values)
+        for tag in histograms:
+            h = log.binned(tag)
             row[tag] = wandb.Histogram(np_histogram=(h.counts, h.edges))
         for tag, image in images.items():
             row[tag] = wandb.Image(image)
@@ -109,13 +125,12 @@ class _Wandb(_Sink):
 class _MLflow(_Sink):
     figures = True
 
-    def write(self, step, scalars, histograms, images) -> None:
-        super().write(step, scalars, histograms, images)
+    def write(self, step, scalars, histograms, images, log=None) -> None:
+        super().write(step, scalars, histograms, images, log)
         client, run_id = self.logger.experiment, self.logger.run_id
-        for tag, values in histograms.items():
-            h = Histogram.of(values)
-            client.log_dict(run_id, h.as_dict(), f"histograms/{tag}/step_{step:08d}.json")
-            client.log_image(run_id, _draw_histogram(tag, h, step), key=tag, step=step)
+        for tag in histograms:
+            client.log_dict(run_id, log.binned(tag).as_dict(), f"histograms/{tag}/step_{step:08d}.json")
+            client.log_image(run_id, log.picture(tag), key=tag, step=step)
         for tag, image in images.items():
             client.log_image(run_id, image, key=tag, step=step)
 
@@ -123,17 +138,16 @@ class _MLflow(_Sink):
 class _CSV(_Sink):
     figures = True
 
-    def write(self, step, scalars, histograms, images) -> None:
+    def write(self, step, scalars, histograms, images, log=None) -> None:
         from PIL import Image
 
-        super().write(step, scalars, histograms, images)
+        super().write(step, scalars, histograms, images, log)
         folder = Path(self.logger.log_dir) / "figures"
-        for tag, values in histograms.items():
-            h = Histogram.of(values)
+        for tag in histograms:
             out = folder / tag
             out.mkdir(parents=True, exist_ok=True)
-            (out / f"step_{step:08d}.json").write_text(json.dumps(h.as_dict()) + "\n")
-            Image.fromarray(_draw_histogram(tag, h, step)).save(out / f"step_{step:08d}.png")
+            (out / f"step_{step:08d}.json").write_text(json.dumps(log.binned(tag).as_dict()) + "\n")
+            Image.fromarray(log.picture(tag)).save(out / f"step_{step:08d}.png")
         for tag, image in images.items():
             out = folder / tag
             out.mkdir(parents=True, exist_ok=True)
@@ -172,5 +186,6 @@ def log_to_loggers(loggers: Iterable[Any], step: int, scalars: Optional[Mapping[
     sinks = [sink_for(logger, tensorboard_add_scalar) for logger in loggers]
     if writer is not None and not any(isinstance(s, _TensorBoard) and s.writer is writer for s in sinks):
         sinks.append(_TensorBoard(None, writer, True))
+    log = _Log(step, histograms)
     for sink in sinks:
-        sink.write(step, scalars, histograms if sink.figures else {}, images if sink.figures else {})
+        sink.write(step, scalars, histograms if sink.figures else {}, images if sink.figures else {}, log)

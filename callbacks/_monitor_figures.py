@@ -72,23 +72,38 @@ class HeatmapFigure:
         return np.asarray(self.canvas.buffer_rgba())[..., :3].copy()
 
 
+
+_HISTOGRAM: list = []  # one figure, built at the first histogram and redrawn for every other
+
+
 def histogram_image(tag: str, counts: np.ndarray, edges: np.ndarray, step: int) -> np.ndarray:
     """A histogram (counts over bin edges) drawn as an RGB uint8 image ``[H, W, 3]``, for loggers that take
-    pictures only (MLflow, CSV); TensorBoard and W&B draw their own from the counts."""
-    import matplotlib
+    pictures only (MLflow, CSV); TensorBoard and W&B draw their own from the values. One figure is built once
+    and only its bars, axes limits and title change (a full layout per histogram costs ten times more)."""
+    if not _HISTOGRAM:
+        import matplotlib
 
-    matplotlib.use("Agg", force=False)
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+        matplotlib.use("Agg", force=False)
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(4.8, 2.8), dpi=80)
-    canvas = FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    ax.stairs(counts, edges, fill=True, color="tab:blue")
-    ax.set_xlabel("value", fontsize=7)
-    ax.set_ylabel("count", fontsize=7)
-    ax.tick_params(labelsize=7)
-    ax.set_title(f"{tag} — step {step}", fontsize=8)
-    fig.tight_layout()
+        fig = Figure(figsize=(4.8, 2.8), dpi=80)
+        canvas = FigureCanvasAgg(fig)
+        ax = fig.subplots()
+        bars = ax.stairs([0.0], [0.0, 1.0], fill=True, color="tab:blue")
+        ax.set_xlabel("value", fontsize=7)
+        ax.set_ylabel("count", fontsize=7)
+        ax.tick_params(labelsize=7)
+        title = ax.set_title("", fontsize=8)
+        fig.subplots_adjust(left=0.13, right=0.97, bottom=0.16, top=0.88)
+        _HISTOGRAM.extend([canvas, ax, bars, title])
+    canvas, ax, bars, title = _HISTOGRAM
+    counts, edges = np.asarray(counts, dtype=np.float64), np.asarray(edges, dtype=np.float64)
+    bars.set_data(counts, edges)
+    lo, hi = float(edges[0]), float(edges[-1])
+    pad = (hi - lo) * 0.02 or 0.5
+    ax.set_xlim(lo - pad, hi + pad)
+    ax.set_ylim(0, max(float(counts.max(initial=0.0)), 1.0) * 1.05)
+    title.set_text(f"{tag} — step {step}")
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()

@@ -79,7 +79,8 @@ class MoELoadMonitor(Callback):
         metrics, fractions = self.compute_metrics(layers, trainer.strategy.reduce)
         if not trainer.is_global_zero:
             return
-        histograms = {f"moe/layer{layer:02d}/fraction": frac for layer, frac in fractions.items()} if self.histograms else {}
+        histograms = ({f"moe/layer{layer:02d}/fraction": frac for layer, frac in fractions.items()}
+                      if self.histograms else {})
         log_to_loggers(trainer.loggers, step, metrics, histograms)
 
     def compute_metrics(self, layers, reduce=None) -> tuple[dict[str, float], dict[int, torch.Tensor]]:

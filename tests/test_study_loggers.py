@@ -69,3 +69,20 @@ def test_a_study_logged_with_csv_mlflow_and_wandb_runs_and_reports(prepared_data
     row = next(line for line in (tmp_path / "study" / "report.md").read_text().splitlines()
                if line.startswith("| baseline |"))
     assert f"1: {done['endpoint']:.4f}" in row
+
+
+def test_the_logger_recipes_in_docs_monitoring_parse(tmp_path):
+    """Every YAML block of docs/monitoring.md's 'Choosing a logger' is a recipe fit accepts after smoke.yaml."""
+    page = (ROOT / "docs" / "monitoring.md").read_text()
+    section = page.split("## Choosing a logger\n", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
+    assert len(blocks) == 4
+    for i, block in enumerate(blocks):
+        (tmp_path / f"{i}.yaml").write_text(block)
+        want = yaml.safe_load(block)["trainer"]["logger"]
+        resolved = print_config("--config", SMOKE, "--config", str(tmp_path / f"{i}.yaml"))
+        got = yaml.safe_load(resolved)["trainer"]["logger"]
+        want, got = (w if isinstance(w, list) else [w] for w in (want, got))
+        assert [g["class_path"] for g in got] == [w["class_path"] for w in want]
+        for g, w in zip(got, want):
+            assert {k: g["init_args"][k] for k in w["init_args"]} == w["init_args"]
