@@ -107,6 +107,68 @@ def test_after_a_failed_collective_the_silent_peer_is_named(store):
         beating.join()
 
 
+class _Watch:
+    """What ``translate`` asks of the active watch, with the answer of ``name_lost`` given."""
+
+    def __init__(self, lost, how):
+        self.answer, self.step, self.interval, self.finished = (lost, how), 117, 0.2, False
+
+    def name_lost(self):
+        return self.answer
+
+    def finish(self):
+        self.finished = True
+
+    def _newest_checkpoint(self):
+        return "the newest checkpoint is step 100 (c/last.ckpt), the steps after it are lost"
+
+
+@pytest.fixture()
+def active(monkeypatch):
+    def make(lost, how=""):
+        watch = _Watch(lost, how)
+        monkeypatch.setattr(peers, "_active", watch)
+        monkeypatch.setattr(peers, "_reported", False)
+        return watch
+    return make
+
+
+def _translated(err: BaseException) -> BaseException:
+    try:
+        with peers.translate():
+            raise err
+    except BaseException as raised:  # noqa: BLE001 - what translate let out
+        return raised
+    raise AssertionError("nothing raised")
+
+
+def test_translate_names_the_lost_rank_and_leaves_other_errors_alone(active):
+    from scalevec_lit.stopsignal import StopSignal
+
+    reset = RuntimeError("[gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:4242: Connection reset by peer")
+    watch = active([1], "its connection closed (killed, or its node is down)")
+    got = _translated(reset)
+    assert isinstance(got, peers.PeerLostError) and got.__cause__ is reset and watch.finished
+    assert str(got).startswith("rank 1: lost at step 117: its connection closed (killed, or its node is down); this "
+                               "rank stopped (exit 75); the newest checkpoint is step 100 (c/last.ckpt)")
+    stop = StopSignal(15)  # torchrun stops the survivors of a lost worker with SIGTERM
+    active([1], "its connection closed (killed, or its node is down)")
+    assert str(_translated(stop)).startswith(
+        "rank 1: lost at step 117: its connection closed (killed, or its node is down), and the launcher stopped "
+        "this rank;")
+    active([], "")  # nobody lost: a stop signal of its own, an error that only reads like a network one
+    assert _translated(stop) is stop
+    active([], "")
+    reader = RuntimeError("socket timeout while reading the tokenizer")
+    assert _translated(reader) is reader
+    active([], "")
+    backend = dist.DistBackendError("[gloo] Timed out waiting 60000ms")  # a c10d error: a peer, unnamed
+    assert str(_translated(backend)).startswith("a peer rank: lost at step 117: a collective failed: [gloo] Timed out")
+    active([1], "")
+    mistake = ValueError("data.batch_size: 0")
+    assert _translated(mistake) is mistake  # not a collective failure
+
+
 # -- the issue's scenario: 2 processes, DDP on CPU, rank 1 lost in the middle of step 5 ---------------------
 PEER_TIMEOUT = 4.0
 

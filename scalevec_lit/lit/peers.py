@@ -267,6 +267,8 @@ def translate() -> Iterator[None]:
         watch.finish()
         if stopped and not (lost and how.startswith("its connection")):
             raise  # a stop signal of its own (Ctrl-C, scancel): its own line
+        if not lost and not {cls.__name__ for cls in type(err).__mro__} & set(COLLECTIVE_FAILURES):
+            raise  # every peer is alive: an error of this rank's own that merely reads like a network one
         if stopped:
             how += ", and the launcher stopped this rank"
         error = lost_error(lost, watch.step, how if lost else f"a collective failed: {str(err).splitlines()[0][:200]}",
