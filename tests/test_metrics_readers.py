@@ -99,3 +99,18 @@ def test_a_logger_of_unknown_kind_gets_the_scalars_only():
     assert plain.calls == [({"a": 1.0}, 7)]
     h = Histogram.of(np.array([0.0, 1.0, np.nan, np.inf, 1.0]))
     assert (h.counts.sum(), h.counts[0], h.counts[-1], h.nonfinite, h.edges[0], h.edges[-1]) == (3, 1, 2, 2, 0.0, 1.0)
+
+
+def test_a_wandb_run_without_the_wandb_package_is_one_line(tmp_path, monkeypatch):
+    import sys
+
+    from scalevec_lit.errors import UserError
+
+    run = tmp_path / "wandb" / "offline-run-1" / "run-abc.wandb"
+    run.parent.mkdir(parents=True)
+    run.write_bytes(_wandb_file([b""]))
+    monkeypatch.setitem(sys.modules, "wandb.proto", None)  # as if wandb were not installed
+    with pytest.raises(UserError) as err:
+        read_scalars(tmp_path)
+    assert str(err.value) == (f"W&B run file: {run}: reading it needs the wandb package, which is not installed; "
+                              "pip install 'scalevec-lit[wandb]'")

@@ -95,7 +95,13 @@ def wandb_history(path: Path) -> Iterator[tuple[int, dict]]:
     """``(step, values)`` of every history record (one ``log`` call) of a W&B run file, in order: ``values``
     maps each key to its value decoded from JSON (a media value, such as a histogram or an image, as the dict
     of its fields); ``step`` is ``trainer/global_step`` where the row has it, else W&B's own step."""
-    from wandb.proto import wandb_internal_pb2 as pb
+    try:
+        from wandb.proto import wandb_internal_pb2 as pb
+    except ImportError:
+        from ..errors import UserError
+
+        raise UserError("W&B run file", str(path), "reading it needs the wandb package, which is not installed",
+                        "pip install 'scalevec-lit[wandb]'") from None
 
     for raw in wandb_records(path):
         record = pb.Record()
