@@ -3,7 +3,9 @@ step, after a checkpoint exists, and the job restarts by itself from the newest 
 (``--ckpt_path last``) and finishes with the weights of an uninterrupted run, bitwise (CPU, DDP, gloo).
 
 Two topologies: one torchrun with 2 processes, and 2 "nodes" (two torchrun processes, 1 process each) meeting
-through the c10d rendezvous on 127.0.0.1. The data is the prepared local folder (``prepared_data``).
+through the c10d rendezvous on 127.0.0.1. Every run reads its data from the S3-compatible server on 127.0.0.1
+(``tests/s3_server.py``: ``s3://corpus/shakespeare``, the standard AWS environment), each "node" through a
+cache folder of its own.
 """
 from __future__ import annotations
 
@@ -18,13 +20,14 @@ import pytest
 import torch
 
 from helpers import ROOT, free_port
+from s3_server import session_server
 
 pytestmark = pytest.mark.slow  # torchrun processes, several fits
 
 STEPS, EVERY, KILL_AT = 9, 3, 5  # checkpoints at steps 3, 6, 9; rank 1 killed during step 5 (after 3 exists)
 
 
-def _fit_options(data: Path, root: Path, kill: bool) -> list[str]:
+def _fit_options(data: str, root: Path, kill: bool) -> list[str]:
     ckpt = root / "ckpt.yaml"
     ckpt.write_text(
         "trainer:\n  callbacks:\n    - class_path: scalevec_lit.callbacks.SafeModelCheckpoint\n"
@@ -60,17 +63,18 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _launch(data: Path, root: Path, nodes: int, per_node: int, restarts: int, kill: bool) -> list[tuple[int, str]]:
+def _launch(s3, root: Path, nodes: int, per_node: int, restarts: int, kill: bool) -> list[tuple[int, str]]:
     """Run ``launch/torchrun_fit.sh`` ``nodes`` times side by side (one per "node"); (exit code, output) each."""
     root.mkdir(parents=True)
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "PYTHONUNBUFFERED": "1",
+    data = s3.url
+    env = {**os.environ, **s3.env, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "PYTHONUNBUFFERED": "1",
            "OMP_NUM_THREADS": "1", "NNODES": str(nodes), "GPUS_PER_NODE": str(per_node), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "MAX_RESTARTS": str(restarts), "PEER_TIMEOUT": "10",
            "RUN_ID": root.name, "TORCHRUN": str(Path(sys.executable).with_name("torchrun"))}
     command = ["bash", str(ROOT / "launch" / "torchrun_fit.sh"), str(ROOT / "recipes" / "smoke.yaml"), "",
                *_fit_options(data, root, kill)]
-    procs = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for _ in range(nodes)]
+    procs = [subprocess.Popen(command, cwd=ROOT, env={**env, "SCALEVEC_CACHE_DIR": str(root / f"cache-node{node}")},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in range(nodes)]
     results = []
     try:
         for proc in procs:
@@ -94,9 +98,14 @@ def _final(root: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(prepared_data, tmp_path_factory) -> dict:
+def s3(request, tmp_path_factory):
+    return session_server(request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(s3, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("restart") / "uninterrupted"
-    (code, out), = _launch(prepared_data, root, 1, 2, 0, kill=False)
+    (code, out), = _launch(s3, root, 1, 2, 0, kill=False)
     assert code == 0, out[-4000:]
     return _final(root)
 
@@ -113,11 +122,11 @@ def _assert_same(got: dict, expected: dict) -> None:
 
 
 @pytest.mark.parametrize("nodes, per_node", [(1, 2), (2, 1)], ids=["2-processes", "2-nodes"])
-def test_a_killed_rank_restarts_from_the_newest_checkpoint_and_finishes_bitwise(prepared_data, tmp_path, uninterrupted,
-                                                                               nodes, per_node):
+def test_a_killed_rank_restarts_from_the_newest_checkpoint_and_finishes_bitwise(s3, tmp_path, uninterrupted, nodes,
+                                                                               per_node):
     root = tmp_path / f"killed-{nodes}x{per_node}"
     started = time.monotonic()
-    results = _launch(prepared_data, root, nodes, per_node, 1, kill=True)
+    results = _launch(s3, root, nodes, per_node, 1, kill=True)
     took = time.monotonic() - started
     text = "\n".join(out for _, out in results)
     assert [code for code, _ in results] == [0] * nodes, text[-6000:]
@@ -127,4 +136,6 @@ def test_a_killed_rank_restarts_from_the_newest_checkpoint_and_finishes_bitwise(
     assert sorted(p.name for p in (root / "checkpoints").glob("step*.ckpt")) == [
         "step000003.ckpt", "step000006.ckpt", "step000009.ckpt"]
     _assert_same(_final(root), uninterrupted)
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("cache-node")) == [
+        f"cache-node{n}" for n in range(nodes)]  # each "node" read the bucket through its own cache
     print(f"{nodes}x{per_node}: killed, restarted and finished in {took:.0f} s")
