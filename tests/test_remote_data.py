@@ -97,7 +97,7 @@ def test_mixed_remote_and_local(s3, tmp_path):
     assert len(dm.val_dataloader()) == 2
 
 
-@pytest.mark.parametrize("case", ["bucket", "prefix", "credentials", "endpoint", "scheme", "option"])
+@pytest.mark.parametrize("case", ["bucket", "prefix", "credentials", "endpoint", "scheme", "option", "size"])
 def test_bad_remote_folder(s3, tmp_path, case):
     url, options = s3.url, dict(s3.options)
     if case == "bucket":
@@ -110,9 +110,9 @@ def test_bad_remote_folder(s3, tmp_path, case):
         options.update(endpoint_url=f"http://127.0.0.1:{free_port()}", retries=2, retry_wait=0.01)
     elif case == "scheme":
         url = "gs://corpus/shakespeare"
-    else:
+    elif case == "option":
         options["endpoint"] = "x"
-    text = _error(lambda: _module(url, tmp_path, options))
+    text = _error(lambda: _module(url, tmp_path, options, **({"cache_size": "lots"} if case == "size" else {})))
     want = {
         "bucket": (f"data.data_dir: {url}: the bucket 'no-such-bucket' does not exist at {s3.endpoint}; create it",),
         "prefix": (f"data.data_dir: {url}: holds nothing (no such prefix); prepare it: python -m scalevec_lit "
@@ -123,6 +123,7 @@ def test_bad_remote_folder(s3, tmp_path, case):
                      "check that the endpoint is up", "--ckpt_path last"),
         "scheme": (f"data.data_dir: {url}: gs:// is not supported", "endpoint_url: https://storage.googleapis.com"),
         "option": ("data.storage_options: endpoint: not a storage option; use any of endpoint_url",),
+        "size": ("data.cache_size: 'lots': not a size; give bytes or a size with a unit, e.g. 50GB",),
     }[case]
     for part in want:
         assert part in text, (part, text)

@@ -36,6 +36,24 @@ SPLITS = ("train", "val")
 TOKENIZER = "tokenizer.json"
 
 
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
+          "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def cache_bytes(size, key: str = "data.cache_size") -> Optional[int]:
+    """``data.cache_size`` in bytes: a number of bytes or ``"50GB"``, ``"500MB"``, ``"2GiB"``; ``None``: no cap."""
+    if size is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(size))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS or float(m.group(1)) <= 0:
+        from ..errors import UserError
+
+        raise UserError(key, repr(size), "not a size", "give bytes or a size with a unit, e.g. 50GB, 500MB or 2GiB "
+                        "(or leave it out: no cap)")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
 def cache_root(url: str, cache_dir: Optional[str] = None) -> Path:
     """The cache folder of ``url``: ``<cache_dir>/<last name of the URL>-<12 hex of its SHA-256>``."""
     base = Path(cache_dir or os.environ.get("SCALEVEC_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser()

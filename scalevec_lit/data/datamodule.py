@@ -30,7 +30,7 @@ from ..errors import UserError
 from .inputs import MANIFEST
 from .integrity import VERIFY_MODES, check_prepared, fingerprint, relocate_state
 from .loaders import relocating_loader, same_batch_count_on_every_rank, tokens_loader
-from .cache import TOKENIZER, mirror, register
+from .cache import TOKENIZER, cache_bytes, mirror, register
 from .prepare import DEFAULT_OUTPUT, META
 from .remote import Remote, check_options, is_remote, join
 from .tokenizer import Tokenizer, data_tokenizer, same_tokenizer
@@ -92,8 +92,8 @@ class TokenDataModule(L.LightningDataModule):
             configuration (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ...).
         cache_dir: this node's cache of remote folders (default ``~/.cache/scalevec_lit/data``, or
             ``$SCALEVEC_CACHE_DIR``).
-        cache_size: the most its chunks may take per folder, e.g. ``"20GB"`` (litdata's ``max_cache_size``;
-            chunks already read are deleted above it); default: no cap.
+        cache_size: the most its chunks may take per folder: bytes, or e.g. ``"20GB"``, ``"500MB"``, ``"2GiB"``
+            (litdata's ``max_cache_size``; chunks already read are deleted above it); default: no cap.
     """
 
     def __init__(
@@ -133,7 +133,8 @@ class TokenDataModule(L.LightningDataModule):
             raise UserError("data.verify", verify, f"not one of {', '.join(VERIFY_MODES)}", "use auto (the default), "
                             "sizes or checksums")
         self.verify = verify
-        self.storage_options, self.cache_dir, self.cache_size = check_options(storage_options), cache_dir, cache_size
+        self.storage_options, self.cache_dir = check_options(storage_options), cache_dir
+        self.cache_size = cache_bytes(cache_size)
         self.source_names = self._source_names(self.data_dirs, names)
         for d in self.data_dirs:
             prepare_default_if_missing(d)
