@@ -112,6 +112,7 @@ class _Wandb(_Sink):
     def write(self, step, scalars, histograms, images, log=None) -> None:
         import wandb
 
+        log = log or _Log(step, histograms)
         row: dict[str, Any] = dict(scalars)
         for tag in histograms:
             h = log.binned(tag)
@@ -126,6 +127,7 @@ class _MLflow(_Sink):
     figures = True
 
     def write(self, step, scalars, histograms, images, log=None) -> None:
+        log = log or _Log(step, histograms)
         super().write(step, scalars, histograms, images, log)
         client, run_id = self.logger.experiment, self.logger.run_id
         for tag in histograms:
@@ -141,6 +143,7 @@ class _CSV(_Sink):
     def write(self, step, scalars, histograms, images, log=None) -> None:
         from PIL import Image
 
+        log = log or _Log(step, histograms)
         super().write(step, scalars, histograms, images, log)
         folder = Path(self.logger.log_dir) / "figures"
         for tag in histograms:
