@@ -105,7 +105,9 @@ def s3(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def uninterrupted(s3, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("restart") / "uninterrupted"
+    started = time.monotonic()
     (code, out), = _launch(s3, root, 1, 2, 0, kill=False)
+    print(f"uninterrupted: finished in {time.monotonic() - started:.0f} s")
     assert code == 0, out[-4000:]
     return _final(root)
 
