@@ -32,7 +32,7 @@ from scalevec_lit.model.experts import effective_expert_weight, expert_matmul
 from scalevec_lit.scale.ops import higher_order
 from scalevec_lit.model.moe import MoE, group_by_expert
 from scalevec_lit.scale import ScaleStrategy, scale_parameters
-from test_moe import preset_strategy
+from moe_models import preset_strategy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
