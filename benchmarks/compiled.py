@@ -42,8 +42,8 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import (ROOT, PlainStep, ReferenceStep, batches, build_module, interleaved_times, machine,  # noqa: E402
-                      quartiles, saved_bytes)
+from bench_steps import (ROOT, PlainStep, ReferenceStep, batches, build_module, interleaved_times, machine,  # noqa: E402
+                         quartiles, saved_bytes)
 
 PRESETS = ["baseline", "unified", "no_scale"]
 
