@@ -37,7 +37,8 @@ from scalevec_lit.model.spec import strategy_from_dict
 from scalevec_lit.model.rope import rope_tables
 from scalevec_lit.scale import apply_rope, group_norm_rope, scale_parameters, scaled_linear
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+# slow: every test traces with dynamo (a few seconds each) or compiles C++ kernels with inductor
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 PRESETS = sorted((ROOT / "recipes" / "strategy").glob("*.yaml"))
 IDS = [p.stem for p in PRESETS]

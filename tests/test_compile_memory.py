@@ -26,7 +26,8 @@ from scalevec_lit.scale import NormSite
 from test_compile import (B, T, VOCAB, aot_eager_without_host_reads, assert_as_accurate, perturb, step,  # noqa: F401
                           strategy, strict_dynamo, tiny)
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+# slow: every test traces with dynamo (a few seconds each) or compiles C++ kernels with inductor
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 UNIFIED = ROOT / "recipes" / "strategy" / "unified.yaml"
 
 

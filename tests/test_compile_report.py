@@ -10,6 +10,9 @@ import torch
 from helpers import main_in_process, smoke_args
 from scalevec_lit.lit.parallel import graph_break_report
 
+# slow: each test fits with compile: true (inductor compiles the blocks)
+pytestmark = pytest.mark.slow
+
 SMALL = ["--model.config.n_layer=1", "--model.config.seq_len=32", "--data.batch_size=2",
          "--trainer.num_sanity_val_steps=0", "--trainer.limit_val_batches=0", "--model.compile=true"]
 

@@ -34,7 +34,8 @@ from scalevec_lit.model.moe import MoE, group_by_expert
 from scalevec_lit.scale import ScaleStrategy, scale_parameters
 from moe_models import preset_strategy
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+# slow: every test traces with dynamo (a few seconds each) or compiles C++ kernels with inductor
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 STRATEGY = {name: (lambda n=name: preset_strategy(ROOT / "recipes" / "strategy" / f"{n}.yaml"))
             for name in ("baseline", "hg", "dp", "unified_dnp_vup", "sandwich", "or")}
