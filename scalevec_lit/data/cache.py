@@ -10,7 +10,7 @@ checked against ``meta.json`` as it arrives (``data.verify``: ``sizes`` checks o
 is published in the cache only once it is complete and checked (written beside itself, then renamed).
 
 Cleaning: a remote folder prepared again (its ``meta.json`` differs from the cached one) empties its
-cache folder first; downloads left by a killed process (``*.tmp.<pid>``) are removed; and
+cache folder first (under a lock: the ranks of a node start together); downloads left by a killed process (``*.tmp.<pid>``) are removed; and
 ``data.cache_size`` (e.g. ``"20GB"``) is litdata's ``max_cache_size``: chunks already read are deleted
 once the folder holds more.
 
@@ -25,8 +25,9 @@ import json
 import os
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from .remote import Remote, join
 
@@ -108,22 +109,37 @@ def mirror(remote: Remote, cache_dir: Optional[str] = None) -> tuple[Path, dict,
                        f"again with --output {remote.url} --overwrite") from None
     root = cache_root(remote.url, cache_dir)
     cached = root / "meta.json"
-    if cached.is_file() and cached.read_bytes() != meta_bytes:
-        shutil.rmtree(root, ignore_errors=True)  # prepared again since: the cached chunks are stale
-    root.mkdir(parents=True, exist_ok=True)
-    _remove_stale(root)
-    for split in SPLITS:
-        rel = f"{split}/index.json"
-        if rel not in listing:
-            from ..errors import RunError
+    with _locked(root.with_name(f".{root.name}.lock")):  # the ranks of a node start together
+        if cached.is_file() and cached.read_bytes() != meta_bytes:
+            shutil.rmtree(root, ignore_errors=True)  # prepared again since: the cached chunks are stale
+        root.mkdir(parents=True, exist_ok=True)
+        _remove_stale(root)
+        for split in SPLITS:
+            rel = f"{split}/index.json"
+            if rel not in listing:
+                from ..errors import RunError
 
-            raise RunError(remote.key, join(remote.url, rel), "missing (an interrupted prepare?)",
-                           f"prepare that folder again with --output {remote.url} --overwrite")
-        _write(root / rel, remote.read(rel))
-    if TOKENIZER in listing:
-        _write(root / TOKENIZER, remote.read(TOKENIZER))
-    _write(cached, meta_bytes)  # last: a cache folder with meta.json is complete
+                raise RunError(remote.key, join(remote.url, rel), "missing (an interrupted prepare?)",
+                               f"prepare that folder again with --output {remote.url} --overwrite")
+            _write(root / rel, remote.read(rel))
+        if TOKENIZER in listing:
+            _write(root / TOKENIZER, remote.read(TOKENIZER))
+        _write(cached, meta_bytes)  # last: a cache folder with meta.json is complete
     return root, meta, listing
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` (POSIX ``flock``; released when the file closes, also by a killed process)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        try:
+            import fcntl
+
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        except ImportError:  # not POSIX: no lock
+            pass
+        yield
 
 
 def register() -> None:
