@@ -138,7 +138,7 @@ def stopped_by_signal(trainer) -> int:
     return max((getattr(cb, "stop_exit_code", 0) for cb in trainer.callbacks), default=0)
 
 
-class SafeModelCheckpoint(AsyncSaves, ModelCheckpoint):
+class SafeModelCheckpoint(AsyncSaves, reshard.WorldRecord, ModelCheckpoint):
     """``ModelCheckpoint`` whose default folder survives restarts, whose writes are atomic, which owns its
     folder for the run and saves on a stop signal.
 
@@ -170,17 +170,16 @@ class SafeModelCheckpoint(AsyncSaves, ModelCheckpoint):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.async_save and not getattr(trainer.strategy, "_save_distributed_checkpoint", False):
-            io = trainer.strategy.checkpoint_io
-            if isinstance(io, SafeCheckpointIO):
-                io.async_save = True
-            elif type(io) is TorchCheckpointIO:
-                trainer.strategy.checkpoint_io = SafeCheckpointIO(async_save=True)
+            io = trainer.strategy.checkpoint_io  # one file: SafeCheckpointIO's writer thread
+            if isinstance(io, SafeCheckpointIO) or type(io) is TorchCheckpointIO:
+                trainer.strategy.checkpoint_io = io if isinstance(io, SafeCheckpointIO) else SafeCheckpointIO()
+                trainer.strategy.checkpoint_io.async_save = True
         self._stable_dirpath(trainer)
         super().setup(trainer, pl_module, stage)
         if stage == "fit":
             self._lock(trainer)
-            if getattr(trainer.strategy, "_save_distributed_checkpoint", False) and trainer.world_size > 1:
-                reshard.refuse_one_file(trainer.strategy, trainer.world_size)
+            if getattr(trainer.strategy, "_save_distributed_checkpoint", False):
+                reshard.load_one_file(trainer.strategy)  # a one-file checkpoint resumes under FSDP2 too
 
     # -- one run per folder ---------------------------------------------------------------------------
     def _lock(self, trainer) -> None:
@@ -336,22 +335,6 @@ class SafeModelCheckpoint(AsyncSaves, ModelCheckpoint):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(self)
-
-    # -- another number of processes (scalevec_lit/lit/reshard.py) -------------------------------------------
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(trainer, pl_module, checkpoint)
-        if "loops" in checkpoint:
-            checkpoint[reshard.KEY] = reshard.record_of(trainer, checkpoint)
-
-    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(trainer, pl_module, checkpoint)
-        if "loops" not in checkpoint or trainer.state.fn != "fit":
-            return
-        line = reshard.reshard_loops(checkpoint, world_size=trainer.world_size,
-                                     accumulate=max(1, int(trainer.accumulate_grad_batches)),
-                                     micro_batch=reshard.micro_batch_of(trainer))
-        if line is not None and trainer.is_global_zero:
-            notice(line)
 
     def _remove_checkpoint(self, trainer, filepath: str) -> None:
         self.wait_for_writes(trainer)  # its successor is complete first

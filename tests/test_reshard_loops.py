@@ -1,5 +1,5 @@
 """``lit/reshard.py`` on checkpoint dicts (no processes): Lightning's micro-batch counters follow the new
-accumulation, and every checkpoint that cannot resume on another world size is refused with one line
+accumulation, and every checkpoint that cannot resume on another world size is refused with one line; a one-file optimizer state keyed by name
 (the runs themselves: ``tests/test_reshard_resume.py``)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from scalevec_lit.errors import UserError
-from scalevec_lit.lit.reshard import KEY, refuse_one_file, reshard_loops, world_record
+from scalevec_lit.lit.reshard import KEY, optimizer_state_by_name, reshard_loops, world_record
 
 
 def _checkpoint(world: int, accumulate: int, micro: int, steps: int, dataset: dict | None = None) -> dict:
@@ -71,17 +71,17 @@ def test_a_checkpoint_that_cannot_resume_on_another_world_size_is_refused_with_t
     assert err.value.exit_code == 2
 
 
-def test_fsdp2_on_several_processes_refuses_a_one_file_checkpoint(tmp_path):
-    class Strategy:
-        def load_checkpoint(self, path, weights_only=None):
-            return {"loaded": str(path)}
+def test_a_one_file_optimizer_state_is_keyed_by_name_in_the_optimizer_s_own_group_order():
+    import torch
 
-    strategy = Strategy()
-    refuse_one_file(strategy, 2)
-    one_file, folder = tmp_path / "step.ckpt", tmp_path / "dcp.ckpt"
-    one_file.write_bytes(b"x")
-    folder.mkdir()
-    assert strategy.load_checkpoint(folder) == {"loaded": str(folder)}
-    with pytest.raises(UserError, match=r"--ckpt_path: .*step.ckpt: is a one-file checkpoint; FSDP2 on 2 processes "
-                                        r"resumes only a distributed checkpoint folder \(DCP\); resume it on one process"):
-        strategy.load_checkpoint(one_file)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    # groups in another order than named_parameters (as the library groups by role): biases first
+    opt = torch.optim.AdamW([{"params": [model[0].bias, model[1].bias]}, {"params": [model[0].weight, model[1].weight]}])
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    saved = opt.state_dict()
+    named = optimizer_state_by_name(saved, model, opt)
+    assert [g["params"] for g in named["param_groups"]] == [["0.bias", "1.bias"], ["0.weight", "1.weight"]]
+    for name, p in model.named_parameters():
+        assert named["state"][name]["exp_avg"].shape == p.shape  # each moment with its own parameter
+    assert optimizer_state_by_name(named, model, opt) is named  # already by name: unchanged

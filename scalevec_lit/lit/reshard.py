@@ -17,7 +17,7 @@ A checkpoint written by N processes resumes on M (``SafeModelCheckpoint`` calls 
   ``reshard_loops`` rescales them to the new accumulation (otherwise the first step after a resume on fewer
   ranks would step after a part of its micro-batches).
 
-Plain Python on checkpoint dicts (no Lightning import).
+Plain Python on checkpoint dicts; ``load_one_file`` patches Lightning's re-keying while it loads.
 """
 from __future__ import annotations
 
@@ -111,19 +111,68 @@ def micro_batch_of(trainer) -> int:
     return int(getattr(flat[0], "batch_size", 1) or 1) if flat else 1
 
 
-def refuse_one_file(strategy, world_size: int) -> None:
-    """Make ``strategy.load_checkpoint`` (FSDP2 on ``world_size`` > 1 processes) refuse a one-file checkpoint
-    with one line: Lightning reads it whole and fails to shard it there (a tensor size mismatch)."""
-    from pathlib import Path
+def _clean(name: str) -> str:
+    """A parameter's name as torch's distributed state dicts spell it (no wrapper segments)."""
+    for wrapper in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module."):
+        name = name.replace(wrapper, "")
+    return name
+
+
+def optimizer_state_by_name(state: dict, module, optimizer) -> dict:
+    """A one-file checkpoint's optimizer state (keyed by position, as ``optimizer.state_dict()`` writes it)
+    keyed by parameter name instead, from ``optimizer``'s own groups: positions follow the groups (matrices,
+    embeddings, head, scales), not ``module.named_parameters()``, which is what Lightning's own re-keying
+    assumes (it then hands a moment to a parameter of another shape)."""
+    if not state.get("state") or not isinstance(next(iter(state["state"])), int):
+        return state
+    names = {id(p): _clean(n) for n, p in module.named_parameters()}
+    live = [names.get(id(p)) for g in optimizer.param_groups for p in g["params"]]
+    saved = [i for g in state["param_groups"] for i in g["params"]]
+    if len(live) != len(saved) or None in live:
+        return state  # not this optimizer's layout: as Lightning would
+    by_index = dict(zip(saved, live))
+    return {"state": {by_index[i]: v for i, v in state["state"].items()},
+            "param_groups": [{**g, "params": [by_index[i] for i in g["params"]]} for g in state["param_groups"]]}
+
+
+def load_one_file(strategy) -> None:
+    """Let ``strategy`` (FSDP2, ``ModelParallelStrategy``) resume a one-file checkpoint on any number of
+    processes: Lightning reads it whole and shards it; its optimizer state is re-keyed by name first
+    (``optimizer_state_by_name``)."""
+    from lightning.fabric.strategies import model_parallel
 
     load = strategy.load_checkpoint
 
-    def checked(checkpoint_path, *args, **kwargs):
-        if Path(checkpoint_path).is_file():
-            raise UserError("--ckpt_path", str(checkpoint_path), f"is a one-file checkpoint; FSDP2 on {world_size} "
-                           "processes resumes only a distributed checkpoint folder (DCP)", "resume it on one process "
-                           "under the same strategy first (--trainer.devices=1: it loads the file and saves DCP "
-                           f"folders), then resume one of those on {world_size}")
-        return load(checkpoint_path, *args, **kwargs)
+    def loading(checkpoint_path, *args, **kwargs):
+        original = model_parallel._rekey_optimizer_state_if_needed
+        optimizers = strategy.optimizers
+        if len(optimizers) == 1:
+            model_parallel._rekey_optimizer_state_if_needed = lambda osd, module: original(
+                optimizer_state_by_name(osd, module, optimizers[0]), module)
+        try:
+            return load(checkpoint_path, *args, **kwargs)
+        finally:
+            model_parallel._rekey_optimizer_state_if_needed = original
 
-    strategy.load_checkpoint = checked
+    strategy.load_checkpoint = loading
+
+
+class WorldRecord:
+    """``SafeModelCheckpoint``'s side (a mixin before Lightning's ``ModelCheckpoint``): every checkpoint gets the
+    record of its world; a resumed fit rescales the loops to this one and says so in one line."""
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        if "loops" in checkpoint:
+            checkpoint[KEY] = record_of(trainer, checkpoint)
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(trainer, pl_module, checkpoint)
+        if "loops" not in checkpoint or trainer.state.fn != "fit":
+            return
+        line = reshard_loops(checkpoint, world_size=trainer.world_size,
+                             accumulate=max(1, int(trainer.accumulate_grad_batches)), micro_batch=micro_batch_of(trainer))
+        if line is not None and trainer.is_global_zero:
+            from ..notices import notice
+
+            notice(line)
