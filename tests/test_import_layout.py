@@ -4,10 +4,14 @@ inside functions too (an import deferred into a function still ties the two file
 
 A circle is reported with its files and the names each takes from the next, e.g.
 ``scalevec_lit/scale/ops.py -> scalevec_lit/scale/norm_rope.py: group_norm_rope``.
+
+Between packages, each imports only what docs/development.md's table "Packages, what each owns, what each may
+import" allows it: an import outside it is named with its file, the names and the row to change.
 """
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from helpers import ROOT
@@ -159,3 +163,66 @@ def test_a_one_way_tree_has_no_circle(tmp_path):
     files, graph = import_graph(tmp_path, ("pkg",))
     assert graph == {"pkg": {"pkg.a": {"f"}}, "pkg.a": {"pkg.b": {"g"}}}
     assert circles(graph) == []
+
+
+# -- what each package may import (docs/development.md) ------------------------------------------------------
+def unit_of(module: str, root: Path) -> str:
+    """The row of the table a module belongs to: ``scale/`` (a package of scalevec_lit), ``errors.py`` (a file
+    directly in it), ``__init__.py`` (the package itself) or ``callbacks/``."""
+    parts = module.split(".")
+    if parts[0] == "callbacks":
+        return "callbacks/"
+    if len(parts) == 1:
+        return "__init__.py"
+    return parts[1] + "/" if (root / "scalevec_lit" / parts[1]).is_dir() else parts[1] + ".py"
+
+
+def allowed_imports(page: Path) -> dict[str, set[str]]:
+    """The table's rows: unit -> the units it may import."""
+    rows = {}
+    for line in page.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 3:
+            rows[cells[0].strip("`")] = set(re.findall(r"`([^`]+)`", cells[2]))
+    return rows
+
+
+def outside_the_table(root: Path, page: Path) -> list[str]:
+    files, graph = import_graph(root, ("scalevec_lit", "callbacks"))
+    allowed = allowed_imports(page)
+    found = []
+    for a, targets in sorted(graph.items()):
+        ua = unit_of(a, root)
+        for b, names in sorted(targets.items()):
+            ub = unit_of(b, root)
+            if ua == ub:
+                continue
+            if ua not in allowed:
+                found.append(f"{files[a].relative_to(root).as_posix()}: {ua} has no row in the table")
+            elif ub not in allowed[ua]:
+                found.append(f"{files[a].relative_to(root).as_posix()} -> {files[b].relative_to(root).as_posix()}: "
+                             f"{', '.join(sorted(names))} ({ua} may not import {ub})")
+    return sorted(set(found))
+
+
+def test_each_package_imports_only_what_the_layout_table_allows():
+    page = ROOT / "docs" / "development.md"
+    assert "lit/" in allowed_imports(page)  # the table was read
+    found = outside_the_table(ROOT, page)
+    assert not found, ("imports that docs/development.md's layout table does not allow (move the import, or "
+                       "change the row if the package now owns it):\n  " + "\n  ".join(found))
+
+
+def test_an_import_outside_the_table_is_named(tmp_path):
+    _tree(tmp_path, {"scalevec_lit/__init__.py": "", "scalevec_lit/errors.py": "",
+                     "scalevec_lit/scale/__init__.py": "", "scalevec_lit/scale/ops.py": "from ..errors import E\n",
+                     "scalevec_lit/model/__init__.py": "", "scalevec_lit/model/m.py": "from ..scale.ops import f\n",
+                     "callbacks/c.py": "from scalevec_lit.model.m import g\n"})
+    page = tmp_path / "layout.md"
+    page.write_text("| unit | owns | may import |\n|---|---|---|\n| `errors.py` | errors | |\n"
+                    "| `scale/` | scales | |\n| `model/` | the model | `scale/`, `errors.py` |\n")
+    assert allowed_imports(page) == {"errors.py": set(), "scale/": set(), "model/": {"scale/", "errors.py"}}
+    assert outside_the_table(tmp_path, page) == [
+        "callbacks/c.py: callbacks/ has no row in the table",
+        "scalevec_lit/scale/ops.py -> scalevec_lit/errors.py: E (scale/ may not import errors.py)",
+    ]
