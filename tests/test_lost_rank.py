@@ -169,6 +169,29 @@ def test_translate_names_the_lost_rank_and_leaves_other_errors_alone(active):
     assert _translated(mistake) is mistake  # not a collective failure
 
 
+def test_a_stop_signal_while_the_lost_rank_is_named_does_not_cut_the_line(active):
+    """torchrun stops the survivors of a dead worker with SIGTERM, often while they name it: that signal is
+    held for that second (the rank is stopping anyway, with the line saying why), and counts again after."""
+    got = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    try:
+        watch = active([1], "its connection closed (killed, or its node is down)")
+
+        def name_lost():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # the handler runs here, if one runs
+            return watch.answer
+
+        watch.name_lost = name_lost
+        raised = _translated(RuntimeError("[gloo] Connection reset by peer"))
+        assert isinstance(raised, peers.PeerLostError) and got == []
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert got == [signal.SIGTERM]  # the handler is back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 # -- the issue's scenario: 2 processes, DDP on CPU, rank 1 lost in the middle of step 5 ---------------------
 PEER_TIMEOUT = 4.0
 

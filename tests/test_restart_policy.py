@@ -134,6 +134,8 @@ def test_a_killed_rank_restarts_from_the_newest_checkpoint_and_finishes_bitwise(
     assert [code for code, _ in results] == [0] * nodes, text[-6000:]
     assert (root / "lost.marker").is_file()  # rank 1 was killed during step 5: torchrun saw it once ...
     assert text.count("failed (exitcode: -9)") == 1 and "Root Cause" not in text, text[-6000:]  # ... and restarted
+    assert text.count("error: rank 1: lost at step 5: its connection closed (killed, or its node is down); this rank "
+                      "stopped (exit 75); the newest checkpoint is step 3 (") == 1, text[-6000:]  # rank 0's line
     assert text.count(f"Restored all states from the checkpoint at {root / 'checkpoints' / 'last.ckpt'}") == 1, text[-6000:]
     assert sorted(p.name for p in (root / "checkpoints").glob("step*.ckpt")) == [
         "step000003.ckpt", "step000006.ckpt", "step000009.ckpt"]

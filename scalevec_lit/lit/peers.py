@@ -246,6 +246,23 @@ def say(err: PeerLostError) -> bool:
 
 
 @contextmanager
+def _stop_signals_wait() -> Iterator[None]:
+    """While the lost peer is named (a second or so): a stop signal is noted, not acted on (this rank is
+    stopping anyway, with the line that says why); it counts again afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from ..stopsignal import STOP_SIGNALS
+
+    previous = {signum: signal.signal(signum, lambda *_: None) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+@contextmanager
 def translate() -> Iterator[None]:
     """Around ``fit``: a failed collective while a peer watch runs becomes ``PeerLostError`` (one line, 75);
     so does a stop signal that arrives because a peer is lost (torchrun stops the other workers of a group
@@ -263,7 +280,8 @@ def translate() -> Iterator[None]:
         if not claimed:  # the watchdog has printed the line and is about to exit
             time.sleep(60)
             os._exit(PEER_LOST_EXIT)
-        lost, how = watch.name_lost()
+        with _stop_signals_wait():  # torchrun's SIGTERM to the survivors of a lost worker comes meanwhile
+            lost, how = watch.name_lost()
         watch.finish()
         if stopped and not (lost and how.startswith("its connection")):
             raise  # a stop signal of its own (Ctrl-C, scancel): its own line
