@@ -66,10 +66,20 @@ def heartbeat_interval(timeout: float) -> float:
 def lost_error(lost: list[int], step: int, how: str, newest: str = "") -> PeerLostError:
     ranks = ", ".join(str(r) for r in lost)
     return PeerLostError(
-        f"rank {ranks}" if lost else "a peer rank", f"lost at step {step}",
+        f"rank {ranks}", f"lost at step {step}",
         f"{how}; this rank stopped (exit {PEER_LOST_EXIT}); {newest or 'no checkpoint was written yet'}",
         "resume with the same command and --ckpt_path last (launch/torchrun_fit.sh restarts by itself, "
         f"MAX_RESTARTS times); a slow but healthy cluster needs a larger --{TIMEOUT_KEY} (seconds)")
+
+
+def unnamed_error(step: int, failure: str, how: str, newest: str = "") -> PeerLostError:
+    """A collective failed and no rank can be named lost (every one still beats, or the store is gone)."""
+    return PeerLostError(
+        "a collective", f"failed at step {step}",
+        f"{failure} ({how or 'every rank is alive: one waited longer than the process group timeout for another'}"
+        f"); this rank stopped (exit {PEER_LOST_EXIT}); {newest or 'no checkpoint was written yet'}",
+        f"a rank that legitimately runs ahead of the others for long (a long write or compile on one rank) needs a "
+        f"larger --{TIMEOUT_KEY} (seconds); resume with the same command and --ckpt_path last")
 
 
 def is_collective_failure(err: BaseException) -> bool:
@@ -188,7 +198,11 @@ class PeerWatch(Callback):
         """From the watchdog thread: the main thread may be blocked in a collective; print and leave."""
         if self._stop.is_set():
             return
-        if say(lost_error(lost, self.step, how, self._newest_checkpoint())):
+        newest = self._newest_checkpoint()
+        host = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        if say(lost_error(lost, self.step, how, newest) if lost else
+               unnamed_error(self.step, how, f"its host {host}, torchrun's agent on the first node, is down or stopped",
+                             newest)):
             os._exit(PEER_LOST_EXIT)
 
     def _newest_checkpoint(self) -> str:
@@ -289,9 +303,10 @@ def translate() -> Iterator[None]:
             raise  # every peer is alive: an error of this rank's own that merely reads like a network one
         if stopped:
             how += ", and the launcher stopped this rank"
-        error = lost_error(lost, watch.step, how if lost else f"a collective failed: {str(err).splitlines()[0][:200]}",
-                           watch._newest_checkpoint())
-        raise error from err
+        newest = watch._newest_checkpoint()
+        failure = (str(err).splitlines() or [type(err).__name__])[0][:200]
+        raise (lost_error(lost, watch.step, how, newest) if lost else
+               unnamed_error(watch.step, failure, how, newest)) from err
 
 
 def peer_timeout_argument(parser) -> None:
