@@ -108,9 +108,7 @@ class PeerWatch(Callback):
         self.interval = heartbeat_interval(self.timeout)
         self.step = 0
         self.rank, self.world = 0, 1
-        self.last_checkpoint = ""
         self._seen: dict[int, tuple[int, float]] = {}  # peer -> (counter, local time it last moved)
-        self._done: set[int] = set()  # peers that stopped on their own
         self._store_ok = time.monotonic()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -125,7 +123,14 @@ class PeerWatch(Callback):
         if stage != "fit" or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return
         self.rank, self.world, self._trainer = dist.get_rank(), dist.get_world_size(), trainer
-        self._store = _store_client(max(self.interval * 2, 5.0))
+        try:
+            self._store = _store_client(max(self.interval * 2, 5.0))
+        except Exception as err:  # noqa: BLE001 - the process group's timeout still bounds a wait
+            from ..notices import notice
+
+            notice(f"{TIMEOUT_KEY}: no heartbeat between the ranks ({type(err).__name__}: {err}); a lost rank is "
+                   f"still noticed within the process group's timeout", kind="warning")
+            return
         now = time.monotonic()
         self._seen = {r: (-1, now) for r in range(self.world) if r != self.rank}
         self._store_ok = now
@@ -155,8 +160,7 @@ class PeerWatch(Callback):
         now = time.monotonic()
         self._store_ok = now
         for peer, (count, moved) in list(self._seen.items()):
-            if self._store.add(f"done/{peer}", 0):
-                self._done.add(peer)
+            if self._store.add(f"done/{peer}", 0):  # it stopped on its own
                 del self._seen[peer]
                 continue
             current = self._store.add(f"beat/{peer}", 0)
