@@ -142,10 +142,11 @@ def snapshot(obj: Any, memo: Optional[dict] = None) -> Any:
 class DistributedAsync:
     """Asynchronous DCP saves of one ``ModelParallelStrategy`` run (made on first use, on every rank)."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout=None) -> None:
         import torch.distributed as dist
 
-        self.group = dist.new_group(backend="gloo")  # collective: every rank makes it at the same save
+        # collective: every rank makes it at the same save; the strategy's timeout, not the 30-minute default
+        self.group = dist.new_group(backend="gloo", **({"timeout": timeout} if timeout is not None else {}))
         self.writer = BackgroundWriter()
 
     def save(self, trainer, tmp: Path, final: Path, weights_only: bool, swap: Callable[[Path, Path], None]) -> None:
@@ -186,9 +187,10 @@ class AsyncSaves:
         io = getattr(trainer.strategy, "_checkpoint_io", None)
         return io.writer if getattr(io, "async_save", False) else None
 
-    def wait_for_writes(self, trainer, raise_error: bool = True) -> None:
-        """Block until the checkpoint being written in the background is complete (``async_save``)."""
-        if self._dcp_async is not None:
+    def wait_for_writes(self, trainer, raise_error: bool = True, distributed: bool = True) -> None:
+        """Block until the checkpoint being written in the background is complete (``async_save``);
+        ``distributed=False``: only a one-process write (a DCP write waits for every rank, which may be gone)."""
+        if self._dcp_async is not None and distributed:
             self._dcp_async.writer.wait(raise_error)
         writer = getattr(getattr(trainer.strategy, "_checkpoint_io", None), "writer", None)
         if isinstance(writer, BackgroundWriter):

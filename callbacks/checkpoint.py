@@ -227,7 +227,9 @@ class SafeModelCheckpoint(AsyncSaves, reshard.WorldRecord, ModelCheckpoint):
             self._unlock()
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        self.wait_for_writes(trainer, raise_error=False)  # the exception in flight is the one to report
+        # the exception in flight is the one to report; a DCP write in flight is left (another rank may be gone):
+        # its folder stays <name>.tmp and the checkpoints before it are complete
+        self.wait_for_writes(trainer, raise_error=False, distributed=False)
         self._restore_handlers()
         self._unlock()
 
@@ -315,7 +317,7 @@ class SafeModelCheckpoint(AsyncSaves, reshard.WorldRecord, ModelCheckpoint):
         tmp = Path(filepath + ".tmp")
         if self.async_save:
             if self._dcp_async is None:
-                self._dcp_async = DistributedAsync()
+                self._dcp_async = DistributedAsync(getattr(trainer.strategy, "_timeout", None))
             self._dcp_async.save(trainer, tmp, Path(filepath), self.save_weights_only, replace_directory)
             self._saved(trainer, filepath)
             return
