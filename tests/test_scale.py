@@ -132,6 +132,7 @@ def test_every_registered_role_follows_the_rule(preset):
 
 
 # -- presets train -----------------------------------------------------------------------------------
+@pytest.mark.slow  # a Lightning fit of the smoke recipe per preset (~3 CPU-seconds each)
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_trains_on_the_smoke_recipe(preset, prepared_data, tmp_path):
     from scalevec_lit.cli import main
@@ -159,6 +160,7 @@ def _train(model: Transformer, steps: int, data_dir: Path) -> None:
         opt.step()
 
 
+@pytest.mark.slow  # a Lightning fit per preset (~4.5 CPU-seconds each)
 @pytest.mark.parametrize("preset", PRESETS)
 def test_fold_is_exact_after_training(preset, prepared_data):
     strategy = strategy_of(preset)
