@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from scalevec_lit.scale.sites import INPUT, Consumer, layer_label
-from scalevec_lit.scale.strategy import normalizes
 from scalevec_lit.scale.vector import ScaleVector
 
 from ._monitor_reduce import _is_dtensor, full_tensor, tensor_statistics
@@ -129,13 +128,8 @@ def size_divided_out(sp) -> bool:
     strategy names."""
     if sp.info.part != "magnitude" or sp.vector.without_magnitude() is None:
         return False
-    site = sp.site
-    for scale in (site.input_scales() if hasattr(site, "input_scales") else ()):
-        if scale.vector is sp.vector:
-            placement = getattr(site, "placement", {})
-            return bool(scale.branches) and scale.expert is None and all(
-                b in placement and normalizes(placement[b]) for b in scale.branches)
-    return False
+    divides = getattr(sp.site, "divides_size_out", None)  # the site answers (scale/keeps.py)
+    return bool(divides is not None and divides(sp.vector))
 
 
 # -- the effective step of the merged columns (issue 27, item 2) --------------------------------------------

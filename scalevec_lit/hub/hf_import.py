@@ -32,7 +32,7 @@ from ..model.spec import build_from_spec, describe_callable
 from ..model.transformer import Transformer
 from ..outdir import OutputFolder
 from ..scale.convert import set_scale_
-from ..scale.strategy import normalizes
+from ..scale.keeps import branch_normalizes
 from .convert import convert_model, read_strategy, report_lines, write_native
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints store
@@ -127,7 +127,7 @@ def load_hf(folder: str | Path) -> tuple[Transformer, str]:
     model.rope_cos.copy_(cos)
     model.rope_sin.copy_(sin)
     tensors = read_hf_tensors(folder)
-    rows = adapter.names(model, qk_norm=normalizes(strategy["placement"]["q"]))  # QK-norm as the adapter read it
+    rows = adapter.names(model, qk_norm=branch_normalizes(model.strategy, "q"))  # QK-norm as the adapter read it
     names = {n for n, _ in rows}
     missing = sorted(names - set(tensors))
     extra = sorted(k for k in set(tensors) - names if not k.endswith(_IGNORED_SUFFIXES))
@@ -181,7 +181,7 @@ def import_hf(hf: str | Path, out: str | Path, *, strategy: Optional[str | Path]
         raise UserError("--hf", str(folder), "has no config.json", "give a local transformers checkpoint folder")
     tok = _tokenizer(folder, tokenizer)
     model, arch = load_hf(folder)
-    qk_norm = normalizes(model.strategy.placement.q)
+    qk_norm = branch_normalizes(model.strategy, "q")
     lines = [f"imported {arch} from {folder}: {sum(p.numel() for p in model.parameters()):,} parameters, "
              f"eps {model.strategy.eps:g}, {'QK-norm as DNP on q/k (output_shape: head)' if qk_norm else 'one γ per norm'}"]
     if strategy is not None:

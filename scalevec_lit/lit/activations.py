@@ -38,7 +38,8 @@ from __future__ import annotations
 from typing import Optional
 
 from ..model.config import TransformerConfig
-from ..scale.strategy import ScaleStrategy, has_output_side, normalizes
+from ..scale.keeps import branch_keeps, normalized_branches
+from ..scale.strategy import ScaleStrategy
 
 FP32, INT64 = 4, 8
 
@@ -54,16 +55,15 @@ COMPILED_NOTE = ("torch.compile keeps 7–11% less than this eager count on CPU 
 
 
 def _keeps_normalized_input(strategy: ScaleStrategy, branch: str, accelerator: bool) -> bool:
-    """``group_norm_rope`` keeps a normalized branch's input on an accelerator when the branch has a u."""
-    p = strategy.placement.of(branch)
-    return accelerator and normalizes(p) and has_output_side(p) and not strategy.vector(1).is_identity
+    """The branch keeps its input for the backward (the site's answer: ``scale/keeps.py``)."""
+    return branch_keeps(strategy, branch, accelerator).normalized_input
 
 
 def attention_saved_per_token(config: TransformerConfig, strategy: ScaleStrategy, s: int, n: int,
                               accelerator: bool = True) -> int:
     d, hd, h, hkv = config.n_embd, config.head_dim, config.n_head, config.n_kv_head
     out = n * d + FP32 + s * (d + (h + hkv) * hd + hkv * hd + h * hd) + FP32 * h
-    out += sum(FP32 * _groups(config, b) for b in ("q", "k", "v") if normalizes(strategy.placement.of(b)))
+    out += sum(FP32 * _groups(config, b) for b in normalized_branches(strategy, ("q", "k", "v")))
     width = {"q": h * hd, "k": hkv * hd, "v": hkv * hd}
     out += sum(s * width[b] for b in width if _keeps_normalized_input(strategy, b, accelerator))
     return out
@@ -74,7 +74,7 @@ def mlp_saved_per_token(config: TransformerConfig, strategy: ScaleStrategy, laye
     d, moe = config.n_embd, config.moe
     norm = n * d + FP32
     if moe is None or layer < moe.first_dense_layers:
-        normalized = sum(FP32 for b in ("gate", "up") if normalizes(strategy.placement.of(b)))
+        normalized = FP32 * len(normalized_branches(strategy, ("gate", "up")))
         kept = sum(s * config.intermediate_size for b in ("gate", "up")
                    if _keeps_normalized_input(strategy, b, accelerator))
         return norm + s * (d + 4 * config.intermediate_size) + normalized + kept
@@ -83,9 +83,10 @@ def mlp_saved_per_token(config: TransformerConfig, strategy: ScaleStrategy, laye
     r = 1 if s == FP32 else 2
     out = norm + s * (d + 2 * k * d + 4 * k * fe + k + e + 4 * fs) + FP32 * (e * r + k + 5) + 3 * INT64 * k
     for b in ("gate", "up"):  # a normalized expert output keeps its k rows and their fp32 reciprocal RMS
-        if normalizes(strategy.placement.of(b)):
+        keeps = branch_keeps(strategy, b, accelerator)
+        if keeps.reciprocal_rms:
             out += 2 * n * k * fe + FP32 * k + (FP32 if fs else 0)
-            if _keeps_normalized_input(strategy, b, accelerator) and fs:  # the shared experts' own
+            if keeps.normalized_input and fs:  # the shared experts' own
                 out += s * fs
     return out
 

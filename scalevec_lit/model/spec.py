@@ -21,6 +21,7 @@ import functools
 import importlib
 from typing import Any, Callable, Optional
 
+from ..scale.keeps import placement_data
 from ..scale.strategy import Placement, ScaleStrategy
 from ..verify import MismatchedCheckpointError
 from .config import MoEConfig, TransformerConfig
@@ -98,7 +99,7 @@ def model_spec(config: TransformerConfig, strategy: ScaleStrategy, block: Callab
     """The spec of ``model`` (built from ``config``, ``strategy`` and ``block``; ``None``: a stock ``Transformer``)."""
     strat = {f.name: getattr(strategy, f.name) for f in dataclasses.fields(strategy)}
     strat["vector"] = describe_callable(strategy.vector)
-    strat["placement"] = dataclasses.asdict(strategy.placement)
+    strat["placement"] = placement_data(strategy)
     return {"model": describe_model(model), "config": dataclasses.asdict(config), "strategy": strat,
             "block": describe_callable(block)}
 

@@ -37,6 +37,7 @@ from torch import nn
 from .branch import (Branch, Consumer, Factors, InputScale, MapRef, Projection, expand_u, fold_columns_,
                      resolve_map)
 from .norm_rope import group_norm_rope
+from .keeps import divides_size_out
 from .ops import apply_rope, rms_norm, scaled_linear
 from .strategy import ScaleStrategy, has_input_side, has_output_side, normalizes
 from .tags import INPUT, OUTPUT, TAG_PREFIX, ScaleInfo, ScaleTag, layer_label, parse_scale_tag, scale_tag
@@ -55,6 +56,10 @@ class ScaleSite(nn.Module):
     def consumers(self, vector: ScaleVector) -> Optional[list[Consumer]]:
         """The weights that read ``vector`` (``None``: none that a law about them could use)."""
         return None
+
+    def divides_size_out(self, vector: ScaleVector) -> bool:
+        """Its placement divides ``vector``'s size out (``scale/keeps.py``; default: a site without consumers)."""
+        return False
 
     @torch.no_grad()
     def fold_(self) -> None:
@@ -196,6 +201,10 @@ class NormSite(ScaleSite):
         """The vector that holds branch ``name``'s output-side u (``None``: the branch has none); its ``dim`` is the
         branch's width, or one head (``group``) when head-shaped."""
         return self.proj[name].out_scale
+
+    def divides_size_out(self, vector: ScaleVector) -> bool:
+        """Every consumer branch of input scale ``vector`` normalizes its output (``scale/keeps.py``)."""
+        return divides_size_out(self.input_scales(), self.placement, vector)
 
     # -- forward -------------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> list[torch.Tensor]:
