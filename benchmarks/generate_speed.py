@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if args.ckpt:
-        from scalevec_lit.export.checkpoint import load_model
+        from scalevec_lit.checkpoint import load_model
 
         model, _ = load_model(args.ckpt)
         source = args.ckpt

@@ -22,6 +22,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .checkpoint import model_from_state, read_contents
 from .errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -157,12 +158,11 @@ class TextStream:
 def load_for_generation(ckpt: str, tokenizer: Optional[str] = None):
     """``(model in eval mode, Tokenizer, where the tokenizer came from)`` from any checkpoint export reads."""
     from .data.tokenizer import Tokenizer
-    from .export.checkpoint import model_from_state, read_checkpoint_extra
     from .export.tokenizer import find_tokenizer
 
-    spec, state, extra = read_checkpoint_extra(ckpt)
-    model = model_from_state(spec, state)
-    path, note = find_tokenizer(ckpt, tokenizer, recorded=extra.get("tokenizer"))
+    read = read_contents(ckpt)
+    model = model_from_state(read.spec, read.state)
+    path, note = find_tokenizer(ckpt, tokenizer, recorded=read.tokenizer)
     tok = Tokenizer(path, key="--tokenizer")
     if tok.vocab_size > model.config.vocab_size:
         raise UserError("--tokenizer", str(path), f"has {tok.vocab_size} tokens, more than the model's vocabulary "

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from ..checkpoint import NATIVE_SPEC, ExportError
 from ..errors import UserError
 
 KEY = "--ckpt_path"
@@ -22,8 +23,6 @@ WHAT = ("give a .ckpt of fit, a distributed checkpoint folder, a native export f
 
 
 def is_hf_folder(path: Path) -> bool:
-    from ..export.checkpoint import NATIVE_SPEC
-
     return path.is_dir() and (path / "config.json").is_file() and not (path / NATIVE_SPEC).is_file() \
         and not (path / ".metadata").is_file()
 
@@ -35,7 +34,6 @@ def load_for_evaluation(path: str | Path, tokenizer: Optional[str | Path] = None
         raise UserError(KEY, str(path), "does not exist", WHAT)
     if is_hf_folder(p):
         return _load_hf(p, tokenizer)
-    from ..export.errors import ExportError
     from ..generate import load_for_generation
 
     try:

@@ -15,14 +15,15 @@
 - ``--format native`` writes our own (unfolded) state dict as safetensors plus the model spec as JSON;
   ``load_native(folder)`` (or ``build_from_spec`` + the safetensors) rebuilds it exactly.
 
-Modules: ``errors`` (ExportError, HFExportError), ``checkpoint`` (reading checkpoints), ``hf_plan`` (which
+Modules: ``errors`` (ExportError, HFExportError), ``hf_plan`` (which
 architecture, or the refusals), ``hf`` (weight names and config.json), ``tokenizer`` (finding and writing
 the tokenizer files), ``write`` (safetensors, ``save_hf``, ``save_native``, ``load_native``), ``cli``
-(``export`` and ``main``). This file only re-exports their public names.
+(``export`` and ``main``). This file only re-exports their public names, and those of ``scalevec_lit.checkpoint``
+(reading and rebuilding a checkpoint) that it always has.
 
 Plain torch (+ safetensors, tokenizers, yaml): must not import Lightning or transformers.
 """
-from .checkpoint import NATIVE_SPEC, load_model, model_from_state, read_checkpoint
+from ..checkpoint import NATIVE_SPEC, load_model, model_from_state, read_checkpoint
 from .cli import export, main
 from .errors import ExportError, HFExportError
 from .hf import ARCHITECTURES, DTYPES, HFLayout, hf_layout

@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .checkpoint import model_from_state, read_checkpoint_extra
+from ..checkpoint import CheckpointError, model_from_state, read_contents
 from ..errors import UserError, debug_enabled, fail
 from ..outdir import OutputFolder
-from ..verify import CheckpointError
 from .errors import ExportError
 from .hf import DTYPES
 from .tokenizer import find_tokenizer
@@ -28,12 +27,12 @@ def export(ckpt: str | Path, out: str | Path, *, format: str = "hf", tokenizer: 
         raise ExportError(f"--format: {format!r} is not one of hf, native")
     sources = [("--ckpt", ckpt), ("--tokenizer", tokenizer)]
     OutputFolder(out, command="export", inputs=sources, overwrite=overwrite).check()  # before the long read
-    spec, state, extra = read_checkpoint_extra(ckpt)
-    model = model_from_state(spec, state)
-    tok_path, note = find_tokenizer(ckpt, tokenizer, recorded=extra.get("tokenizer"))
+    read = read_contents(ckpt)
+    model = model_from_state(read.spec, read.state)
+    tok_path, note = find_tokenizer(ckpt, tokenizer, recorded=read.tokenizer)
     sources.append(("the checkpoint's tokenizer", tok_path))
     if format == "native":
-        return save_native(model, out, spec=spec, tokenizer=tok_path, tokenizer_note=note,
+        return save_native(model, out, spec=read.spec, tokenizer=tok_path, tokenizer_note=note,
                            max_shard_size=max_shard_size, overwrite=overwrite, sources=sources)
     return save_hf(model, out, tokenizer=tok_path, tokenizer_note=note, max_shard_size=max_shard_size,
                    dtype=dtype, overwrite=overwrite, sources=sources)

@@ -1,13 +1,14 @@
-"""The export errors: ``ExportError`` (user-facing, names the key, value or path and the fix) and
-``HFExportError`` (no standard transformers architecture holds the model).
+"""The export errors: ``ExportError`` (user-facing, names the key, value or path and the fix; defined by
+``checkpoint/``, whose reading errors it also names) and ``HFExportError`` (no standard transformers
+architecture holds the model).
 
-Imports nothing (the other export modules import it); must not import torch, Lightning or transformers.
+Imports only ``checkpoint/errors.py``; must not import Lightning or transformers.
 """
 from __future__ import annotations
 
+from ..checkpoint.errors import ExportError
 
-class ExportError(ValueError):
-    """A user-facing export error: names the key, value or path and the fix."""
+__all__ = ["ExportError", "HFExportError"]
 
 
 class HFExportError(ExportError):

@@ -21,7 +21,7 @@ from ..data.tokenizer import DEFAULT_TOKENIZER, Tokenizer
 from ..model.spec import spec_of
 from ..model.transformer import Transformer
 from ..outdir import output_folder
-from .checkpoint import NATIVE_SPEC, load_model
+from ..checkpoint import NATIVE_SPEC, load_model
 from .errors import ExportError
 from .hf import DTYPES, hf_layout
 from .tokenizer import write_tokenizer

@@ -27,8 +27,8 @@ from typing import Any, Iterable, Optional
 import torch
 import yaml
 
+from ..checkpoint import model_from_state, read_contents
 from ..errors import UserError
-from ..export.checkpoint import model_from_state, read_checkpoint_extra
 from ..export.tokenizer import find_tokenizer
 from ..export.write import write_native_files
 from ..model.block import Block
@@ -72,10 +72,13 @@ def _check_finite(model: Transformer, value: str) -> None:
                         "them", "convert a checkpoint written before the values diverged")
 
 
-def _build_target(model: Transformer, strategy: ScaleStrategy) -> Transformer:
+def _build_target(model: Transformer, strategy: ScaleStrategy, spec: Optional[dict[str, Any]] = None) -> Transformer:
     """The model of ``strategy`` in float64: every scale vector as its class constructs it (initialised: its
-    ``set_gamma_`` may read its parameters), every other parameter NaN (each must come from the transfer)."""
-    spec = {**spec_of(model), "strategy": model_spec(model.config, strategy, Block)["strategy"]}
+    ``set_gamma_`` may read its parameters), every other parameter NaN (each must come from the transfer).
+    ``spec``: the model's spec as its checkpoint recorded it (read once by the command and carried); without
+    one (a model built in memory), it is taken from ``model``."""
+    spec = {**(spec if spec is not None else spec_of(model)),
+            "strategy": model_spec(model.config, strategy, Block)["strategy"]}
     with torch.device("meta"):
         target = build_from_spec(spec)
     target.to_empty(device="cpu")
@@ -109,10 +112,10 @@ def _fresh_vector(vec: ScaleVector, strategy: ScaleStrategy) -> ScaleVector:
 
 def _transfer_checked(model: Transformer, source: Transformer, strategy: ScaleStrategy, probe: Probe,
                       key: str = "--strategy", value: str = "", *, measure_changed: bool = True,
-                      ) -> tuple[Transformer, Transfer, float]:
+                      spec: Optional[dict[str, Any]] = None) -> tuple[Transformer, Transfer, float]:
     """``(float64 target, report, relative logits change)``: ``source`` (``model`` in float64) transferred; with
     ``measure_changed=False`` the change is not measured where the transfer listed one (``inf``)."""
-    target = _build_target(model, strategy)
+    target = _build_target(model, strategy, spec)
     target.rope_cos.copy_(source.rope_cos)
     target.rope_sin.copy_(source.rope_sin)
     try:
@@ -157,7 +160,8 @@ def exact_presets(model: Transformer, source: Transformer, probe: Probe, skip: S
 
 
 def convert_model(model: Transformer, strategy: ScaleStrategy, *, allow_function_change: bool = False,
-                  key: str = "--strategy", value: str = "") -> tuple[Transformer, Transfer, float]:
+                  key: str = "--strategy", value: str = "", spec: Optional[dict[str, Any]] = None,
+                  ) -> tuple[Transformer, Transfer, float]:
     """``(converted model, what changed / was folded, relative logits change on the probe batch)``.
 
     The same strategy (``same_strategy``: defaults filled on both sides) is a copy (every tensor bitwise equal,
@@ -183,7 +187,7 @@ def convert_model(model: Transformer, strategy: ScaleStrategy, *, allow_function
     source = copy.deepcopy(model).double().eval()
     probe = Probe(source, probe_batch(source))
     idx = probe.idx
-    target, report, moved = _transfer_checked(model, source, strategy, probe, key, value)
+    target, report, moved = _transfer_checked(model, source, strategy, probe, key, value, spec=spec)
     tol = tolerance(model.config)
     batch = (f"on a probe batch of {idx.shape[0]}×{idx.shape[1]} random tokens"
              + (", also with every token routed to every expert" if model.config.moe is not None else ""))
@@ -276,12 +280,13 @@ def convert_checkpoint(ckpt: str | Path, strategy: str | Path, out: str | Path, 
                        tokenizer: Optional[str | Path] = None, overwrite: bool = False) -> Converted:
     sources = [("--ckpt", ckpt), ("--strategy", strategy), ("--tokenizer", tokenizer)]
     OutputFolder(out, command="convert", inputs=sources, overwrite=overwrite).check()  # before the long read
-    spec, state, extra = read_checkpoint_extra(ckpt)
-    model = model_from_state(spec, state)
+    read = read_contents(ckpt)
+    model = model_from_state(read.spec, read.state)
     _check_finite(model, str(ckpt))
-    tok, note = find_tokenizer(ckpt, tokenizer, recorded=extra.get("tokenizer"))
+    tok, note = find_tokenizer(ckpt, tokenizer, recorded=read.tokenizer)
     target, report, moved = convert_model(model, read_strategy(strategy, model.strategy.eps),
-                                          allow_function_change=allow_function_change, value=str(strategy))
+                                          allow_function_change=allow_function_change, value=str(strategy),
+                                          spec=read.spec)
     files = write_native(target, out, tokenizer=tok, overwrite=overwrite, command="convert",
                          sources=[*sources, ("the checkpoint's tokenizer", tok)])
     return Converted(Path(out), files, report, moved, note)

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..checkpoint import ExportError, read_checkpoint_extra
 from ..errors import UserError
 from ..model.config import TransformerConfig
 from ..model.spec import describe_model, model_spec
@@ -87,8 +88,6 @@ def read_init_with_tokenizer(path: str, config: TransformerConfig, strategy: Sca
                              ) -> tuple[TransformerConfig, dict[str, torch.Tensor], Optional[dict], dict]:
     """``read_init``, the identity of the checkpoint's tokenizer (``tokenizer_check.py``) or ``None``, and the model
     entry of its spec (``load_init_weights`` compares it with the model built)."""
-    from ..export.checkpoint import read_checkpoint_extra
-    from ..export.errors import ExportError
     from .tokenizer_check import checkpoint_identity
 
     key = "model.init_from"

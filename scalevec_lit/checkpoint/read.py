@@ -1,4 +1,4 @@
-"""Reading checkpoints into ``(spec, state dict)`` and the fp32 model: a single-file Lightning checkpoint
+"""Reading checkpoints into ``(spec, state dict)``: a single-file Lightning checkpoint
 (``*.ckpt``), a distributed checkpoint folder written by ``ModelParallelStrategy`` (``*.distcp`` +
 ``.metadata`` + ``meta.pt``, consolidated on CPU without a process group), or a native export folder
 (``scalevec_spec.json`` + safetensors). A single-file checkpoint is verified (zip structure, every
@@ -6,21 +6,20 @@ member's CRC32: ``scalevec_lit.verify``) before it is loaded, so a truncated or 
 with its name instead of exporting garbage weights. ``read_checkpoint_extra`` also returns what the
 checkpoint records about its run (``checkpoint['scalevec']``: the tokenizer identity among others).
 
-Plain torch (+ safetensors): must not import Lightning or transformers, nor the hf / write / cli modules
-of this package.
+``read_contents`` returns all of it as one ``CheckpointContents``, read once per command and carried.
+
+Plain torch (+ safetensors): must not import Lightning or transformers, nor ``export/`` or ``hub/``.
 """
 from __future__ import annotations
 
 import json
 import pickle
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..model.rope import rope_tables
-from ..model.spec import STOCK_MODEL, UnimportableClassError, build_from_spec
-from ..model.transformer import Transformer
 from ..verify import checkpoint_files, verify_checkpoint
 from .errors import ExportError
 
@@ -116,46 +115,31 @@ def read_checkpoint_extra(path: str | Path) -> tuple[dict[str, Any], dict[str, t
     return spec, model_state, dict(extra.get("scalevec") or {})
 
 
-def model_from_state(spec: dict[str, Any], state: dict[str, torch.Tensor]) -> Transformer:
-    """Build the model of ``spec`` (its own class, block and strategy: ``model/spec.py``) on the meta device, then
-    load ``state`` (fp32, CPU) into it; a class that cannot be imported is refused by name with the fix."""
-    try:
-        with torch.device("meta"):
-            model = build_from_spec(spec)
-    except UnimportableClassError as err:
-        raise ExportError(f"--ckpt: the checkpoint's model cannot be rebuilt: {err}") from None
-    model.to_empty(device="cpu")
-    model.float()
-    tied = model.config.tie_embeddings
-    if tied:
-        state = {k: v for k, v in state.items() if k != Transformer.HEAD_KEY}
-    own = model.state_dict()
-    reshaped = [f"{k} {tuple(v.shape)} in the checkpoint, {tuple(own[k].shape)} now" for k, v in state.items()
-                if k in own and own[k].shape != v.shape]
-    missing, unexpected = ([k for k in own if k not in state and not (tied and k == Transformer.HEAD_KEY)],
-                           [k for k in state if k not in own])
-    if missing or unexpected or reshaped:
-        model_path = (spec.get("model") or {}).get("class_path", STOCK_MODEL)
-        block = spec.get("block") or {}
-        built = f"{model_path} with the block {block.get('class_path', '?')}" + (
-            f" {block['init_args']}" if block.get("init_args") else "")
-        found = [f"{what}: {keys[:4]}" for what, keys in (("missing", missing), ("unexpected", unexpected),
-                                                           ("other shapes", reshaped)) if keys]
-        raise ExportError(
-            f"--ckpt: the weights do not fit the model its spec names ({built}; {', '.join(found)}): that class "
-            "now builds other parameters than when the checkpoint was written; restore the class (or its package "
-            "version) that wrote it"
-        )
-    model.load_state_dict(state, strict=False)
-    if tied:
-        model.tie_()
-    cos, sin = rope_tables(model.config.seq_len, model.config.head_dim, model.config.rope_theta)
-    model.rope_cos.copy_(cos)
-    model.rope_sin.copy_(sin)
-    return model.eval()
+@dataclass(frozen=True)
+class CheckpointContents:
+    """What one checkpoint holds, read once: its ``path``, its model ``spec`` (``model/spec.py``'s plain data),
+    the Transformer's ``state`` (CPU tensors) and ``extra`` (``checkpoint['scalevec']``: the tokenizer identity
+    among others; empty for a native export)."""
+
+    path: Path
+    spec: dict[str, Any]
+    state: dict[str, torch.Tensor] = field(repr=False)
+    extra: dict[str, Any]
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer the checkpoint records (``None`` when it records none)."""
+        return self.extra.get("tokenizer")
+
+    @property
+    def kind(self) -> str:
+        """``native folder``, ``distributed checkpoint`` or ``checkpoint`` (a single ``.ckpt`` file)."""
+        if self.path.is_dir():
+            return "native folder" if (self.path / NATIVE_SPEC).is_file() else "distributed checkpoint"
+        return "checkpoint"
 
 
-def load_model(path: str | Path) -> tuple[Transformer, dict[str, Any]]:
-    """The trained model (fp32, eval mode) and its spec, from any checkpoint ``read_checkpoint`` reads."""
-    spec, state = read_checkpoint(path)
-    return model_from_state(spec, state), spec
+def read_contents(path: str | Path) -> CheckpointContents:
+    """``read_checkpoint_extra`` as one object: the spec read here is the one the command carries."""
+    spec, state, extra = read_checkpoint_extra(path)
+    return CheckpointContents(Path(path), spec, state, extra)
