@@ -2,7 +2,7 @@
 
 - a single-file Lightning checkpoint (``*.ckpt`` of ``fit``, any strategy, dense or MoE), a distributed
   checkpoint folder (``*.distcp`` + ``.metadata`` + ``meta.pt``) or a native export folder
-  (``scalevec_spec.json``): through ``export.checkpoint`` (``read_checkpoint`` + ``model_from_state``, the
+  (``scalevec_spec.json``): through ``scalevec_lit.checkpoint`` (``read_checkpoint`` + ``model_from_state``, the
   model of the checkpoint's own spec), as ``generate`` and ``export`` read them;
 - a local Hugging Face folder (``config.json`` + safetensors) of an architecture ``import`` reads (Llama,
   Qwen3, Qwen3-MoE, Mixtral), or one that ``export --format hf`` wrote: through ``hub.hf_import.load_hf``,
@@ -110,7 +110,7 @@ def _head(path: Path) -> bytes:
 
 
 def _load_native(p: Path, key: str) -> Loaded:
-    from scalevec_lit.export.checkpoint import NATIVE_SPEC, model_from_state, read_checkpoint
+    from scalevec_lit.checkpoint import NATIVE_SPEC, model_from_state, read_checkpoint
 
     if p.is_file() and p.suffix in (".json", ".safetensors", ".yaml", ".txt"):
         raise UserError(key, repr(str(p)), f"is a {p.suffix} file, not a checkpoint",
