@@ -52,7 +52,10 @@ def test_a_study_logged_with_csv_mlflow_and_wandb_runs_and_reports(prepared_data
     spec.update(seeds=[1], variants=spec["variants"][:1], claims=[])
     spec["args"].append("--trainer.logger=" + json.dumps(LOGGERS))
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+    # W&B settings of this process are left out: an in-process W&B run earlier in this worker leaves
+    # WANDB_SERVICE set, and a child that joins that service may exit before it has written the run file
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env = {**inherited, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
            "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp_path / "wandb_home"),
            "WANDB_CACHE_DIR": str(tmp_path / "wandb_home"), "WANDB_DATA_DIR": str(tmp_path / "wandb_home")}
     env.pop("MLFLOW_ALLOW_FILE_STORE", None)  # the runner allows the file store in the run's folder itself
