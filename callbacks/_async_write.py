@@ -60,6 +60,8 @@ class BackgroundWriter:
         if wait:
             self.wait()
         with self._cv:
+            if self._error is not None:  # behind a failed write (even one already finished): dropped
+                return
             self._jobs.append(job)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="scalevec-checkpoint-writer", daemon=True)
