@@ -250,3 +250,15 @@ def flat_objective(model, idx):
         return loss + sum(aux.values()) if aux else loss
 
     return f, theta
+
+
+def probe_logits(model) -> "torch.Tensor":
+    """The float64 logits of a model (cast in place) on one fixed batch of 2x24 tokens below 128."""
+    import torch
+    with torch.no_grad():
+        return model.double()(torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(1)))
+
+
+def max_rel(a, b) -> float:
+    """max |a - b| relative to max |b|."""
+    return float((a - b).abs().max() / b.abs().max())

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import tiny_config
+from helpers import max_rel, probe_logits, tiny_config
 from scalevec_lit.errors import UserError
 from scalevec_lit.hub import convert as hub_convert
 from scalevec_lit.hub.convert import convert_model, tolerance
@@ -43,15 +43,6 @@ def _model(strategy: ScaleStrategy, dtype=torch.float64, sign: float = 1.0) -> T
     return model.eval()
 
 
-def _logits(model: Transformer) -> torch.Tensor:
-    with torch.no_grad():
-        return model.double()(torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(1)))
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
-
-
 def test_the_same_strategy_is_a_bitwise_copy_even_without_an_inverse():
     strategy = ScaleStrategy(vector=SquareScale, branch_specific=True)
     model = _model(strategy, torch.float32)
@@ -74,12 +65,12 @@ def test_a_user_class_with_an_inverse_is_kept_exact(sign):
     model = _model(ScaleStrategy(), sign=sign)
     converted, report, moved = convert_model(model, ScaleStrategy(vector=RootScale))
     assert report.changes == [] and moved <= tolerance(model.config)
-    assert _rel(_logits(converted), _logits(model)) <= tolerance(model.config)
+    assert max_rel(probe_logits(converted), probe_logits(model)) <= tolerance(model.config)
     folded = [n for n in report.notes if "folded" in n]
     if sign > 0:  # every γ held by the user's vector: nothing folded, the same γ
         assert folded == []
         for a, b in zip(scale_parameters(model), scale_parameters(converted)):
-            assert _rel(b.vector(), a.vector()) <= 4 * torch.finfo(torch.float64).eps
+            assert max_rel(b.vector(), a.vector()) <= 4 * torch.finfo(torch.float64).eps
     else:  # γ < 0 somewhere: the inverse refuses it, so that γ is folded into the head instead
         assert folded == ["final.head: input scale folded into the weight"]
 
@@ -90,7 +81,7 @@ def test_a_source_without_an_inverse_converts_exactly_to_a_shipped_class():
     converted, report, moved = convert_model(model, ScaleStrategy())
     assert report.changes == [] and moved <= tolerance(model.config)
     assert [n for n in report.notes if "folded" in n] == []  # every γ held by a PlainScale
-    assert _rel(_logits(converted), _logits(model)) <= tolerance(model.config)
+    assert max_rel(probe_logits(converted), probe_logits(model)) <= tolerance(model.config)
 
 
 def test_a_float32_model_is_transferred_in_float64_and_returned_in_float32():
@@ -98,7 +89,7 @@ def test_a_float32_model_is_transferred_in_float64_and_returned_in_float32():
     converted, report, moved = convert_model(model, ScaleStrategy(branch_specific=True))
     assert next(converted.parameters()).dtype == torch.float32 and report.changes == []
     assert moved <= tolerance(model.config)
-    assert _rel(_logits(converted), _logits(model)) <= 16 * torch.finfo(torch.float32).eps  # float32 storage
+    assert max_rel(probe_logits(converted), probe_logits(model)) <= 16 * torch.finfo(torch.float32).eps  # float32 storage
 
 
 def test_a_measured_change_without_a_listed_cause_is_refused_unless_allowed(monkeypatch):

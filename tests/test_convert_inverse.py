@@ -10,7 +10,7 @@ import math
 import torch
 from torch import nn
 
-from helpers import tiny_config
+from helpers import max_rel, probe_logits, tiny_config
 from scalevec_lit.hub.convert import convert_model, tolerance
 from scalevec_lit.model import Transformer
 from scalevec_lit.scale import ScaleStrategy, ScaleVector, scale_parameters
@@ -82,15 +82,6 @@ def _model(strategy: ScaleStrategy) -> Transformer:
     return model.eval()
 
 
-def _logits(model: Transformer) -> torch.Tensor:
-    with torch.no_grad():
-        return model.double()(torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(1)))
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
-
-
 def test_an_inverse_that_keeps_its_basis_converts_exactly():
     """Shared low-rank γ → one per branch (HG): every γ lies in 1 + span(U_init), so the target holds each one
     through ``lstsq`` on its initial basis (nothing folded)."""
@@ -100,7 +91,7 @@ def test_an_inverse_that_keeps_its_basis_converts_exactly():
     assert torch.equal(torch.random.get_rng_state(), state)  # the target's construction left the caller's RNG alone
     assert report.changes == [] and moved <= tolerance(model.config)
     assert [n for n in report.notes if "folded" in n] == []
-    assert _rel(_logits(converted), _logits(model)) <= tolerance(model.config)
+    assert max_rel(probe_logits(converted), probe_logits(model)) <= tolerance(model.config)
     for sp in scale_parameters(converted):
         if sp.info.part == "basis":
             assert torch.equal(sp.param, _basis(sp.param.shape[0]).double())  # the initial basis, kept
@@ -112,7 +103,7 @@ def test_a_gamma_outside_the_span_is_folded_and_the_function_kept():
     converted, report, moved = convert_model(model, ScaleStrategy(vector=LowRankScale))
     assert report.changes == [] and moved <= tolerance(model.config)
     assert "final.head: input scale folded into the weight" in report.notes
-    assert _rel(_logits(converted), _logits(model)) <= tolerance(model.config)
+    assert max_rel(probe_logits(converted), probe_logits(model)) <= tolerance(model.config)
 
 
 def test_an_inverse_that_writes_some_of_its_tensors_converts_exactly():
@@ -122,7 +113,7 @@ def test_an_inverse_that_writes_some_of_its_tensors_converts_exactly():
     assert [n for n in report.notes if "folded" in n] == []
     trims = [sp.param for sp in scale_parameters(converted) if sp.info.part == "trim"]
     assert trims and all(torch.equal(t, torch.full_like(t, 0.25)) for t in trims)  # kept at its initial value
-    assert _rel(_logits(converted), _logits(model)) <= tolerance(model.config)
+    assert max_rel(probe_logits(converted), probe_logits(model)) <= tolerance(model.config)
 
 
 class TrimNoResetScale(ScaleVector):
