@@ -7,7 +7,6 @@
   intermediate norm that a placement adds. Roles, consumers and the maps that absorb a branch's output
   (``absorbed_by``) are fixed when it is built.
 - ``OutputNorm``: a norm on a sublayer's output before the residual add (Gemma/OLMo-2 style).
-
 The interface (what fold, convert, export, import and the MoE layer read; nothing outside ``scale/`` reads a
 placement or the site's attributes):
 
@@ -144,8 +143,7 @@ class NormSite(ScaleSite):
         return self.proj[name].weight
 
     def gamma(self, name: str) -> Optional[torch.Tensor]:
-        """Effective shared input-side γ of branch ``name`` (``None``: the branch reads the bare x̂); a per-expert
-        γ_e comes on top of it (``factors(name).columns``)."""
+        """Shared input-side γ of branch ``name`` (``None``: bare x̂); a per-expert γ_e comes on top of it."""
         key = self.key[name]
         if key is None or self.scales[key].is_identity:
             return None
