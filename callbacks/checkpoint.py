@@ -18,9 +18,9 @@ folder, and a checkpoint on SIGINT/SIGTERM/SIGUSR1.
   signal stops at once, without saving. With several processes the ranks agree every
   ``stop_check_every_n_steps`` steps (one small all-reduce), so they stop at the same step.
 
-The checkpoint code of the library lives here, except two Lightning-free parts that export also uses:
-``scalevec_lit/verify.py`` (a file's zip structure and CRC32s, checked before anything reads it) and
-``check_spec`` in ``scalevec_lit/model/spec.py`` (the model stored in a checkpoint against this run's).
+The checkpoint code of the library lives here, except two Lightning-free parts of ``scalevec_lit/checkpoint/``:
+``verify.py`` (a file's zip structure and CRC32s, checked before anything reads it, by export too) and
+``match.py`` (the model stored in a checkpoint against this run's, on resume).
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from scalevec_lit import stopsignal
 from scalevec_lit.errors import notice
 from scalevec_lit.lit import reshard
 from scalevec_lit.runlock import LOCK, acquire_folder, check_lineage, release_folder
-from scalevec_lit.verify import unreadable, verify_checkpoint, write_failure
+from scalevec_lit.checkpoint.verify import unreadable, verify_checkpoint, write_failure
 
 from ._async_write import AsyncSaves, BackgroundWriter, DistributedAsync, snapshot
 

@@ -28,7 +28,7 @@ from .callbacks._cli_errors import argument_sentence_first  # a class's own argu
 from .checks import check_command, check_config, check_config_files
 from .data.datamodule import TokenDataModule
 from .errors import debug_enabled, one_paragraph, run_guarded
-from .verify import verify_checkpoint
+from .checkpoint.verify import verify_checkpoint
 from .lit.module import CausalLM
 from .recipe_lookup import resolve_config_args
 

@@ -42,7 +42,7 @@ def _losses(root: Path) -> dict[int, float]:
 
 @pytest.mark.slow
 def test_a_kill_during_an_async_save_keeps_the_previous_checkpoint_and_resumes_exactly(prepared_data, tmp_path):
-    from scalevec_lit.verify import verify_checkpoint
+    from scalevec_lit.checkpoint.verify import verify_checkpoint
 
     ref = tmp_path / "ref"
     ref.mkdir()

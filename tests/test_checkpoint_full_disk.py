@@ -67,7 +67,7 @@ def test_a_short_write_torch_reports_as_unexpected_pos_is_one_line(tmp_path):
 def test_only_a_write_that_ran_out_of_room_is_reworded():
     import errno
 
-    from scalevec_lit.verify import write_failure
+    from scalevec_lit.checkpoint.verify import write_failure
 
     assert write_failure(RuntimeError("unexpected pos 704 vs 598"), "/x/last.ckpt") is None  # no OSError under it
     try:

@@ -173,7 +173,7 @@ def test_a_full_disk_while_saving_names_the_checkpoint_and_keeps_the_earlier_one
 
 def test_truncated_or_corrupt_checkpoint_names_the_file(tmp_path):
     from scalevec_lit.callbacks.checkpoint import SafeCheckpointIO
-    from scalevec_lit.verify import CheckpointError
+    from scalevec_lit.checkpoint.verify import CheckpointError
 
     io = SafeCheckpointIO()
     good = tmp_path / "step000010.ckpt"

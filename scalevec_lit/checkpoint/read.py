@@ -2,7 +2,7 @@
 (``*.ckpt``), a distributed checkpoint folder written by ``ModelParallelStrategy`` (``*.distcp`` +
 ``.metadata`` + ``meta.pt``, consolidated on CPU without a process group), or a native export folder
 (``scalevec_spec.json`` + safetensors). A single-file checkpoint is verified (zip structure, every
-member's CRC32: ``scalevec_lit.verify``) before it is loaded, so a truncated or corrupt file is refused
+member's CRC32: ``verify.py``) before it is loaded, so a truncated or corrupt file is refused
 with its name instead of exporting garbage weights. ``read_checkpoint_extra`` also returns what the
 checkpoint records about its run (``checkpoint['scalevec']``: the tokenizer identity among others).
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..verify import checkpoint_files, verify_checkpoint
+from .verify import checkpoint_files, verify_checkpoint
 from .errors import ExportError
 
 NATIVE_SPEC = "scalevec_spec.json"

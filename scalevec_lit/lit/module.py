@@ -15,10 +15,11 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torchmetrics.aggregation import MeanMetric
 
+from ..checkpoint import check_resume
 from ..errors import UserError, notice
 from ..model.block import Block
 from ..model.config import TransformerConfig
-from ..model.spec import check_rebuildable, check_spec, model_spec
+from ..model.spec import check_rebuildable, model_spec
 from ..model.transformer import BlockFactory, Transformer, count_parameters
 from .norm_report import report_unregistered_norm_gains
 from ..scale.registry import DECAYED_BY, SCALE
@@ -232,9 +233,8 @@ class CausalLM(TrainingSteps):
         return data_identity(getattr(self._trainer, "datamodule", None) if self._trainer is not None else None)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        extra = checkpoint.get("scalevec", {})
         path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
-        check_spec(extra.get("spec"), self.spec(), path)
+        extra = check_resume(checkpoint, self.spec(), path)  # its record, once its model is known to be this run's
         check_same_tokenizer("--ckpt_path", str(path), extra.get("tokenizer"), self._tokenizer_identity())
         self.tokens_seen = int(extra.get("tokens_seen", 0))
         self.skipped_steps = int(extra.get("skipped_steps", 0))

@@ -2,8 +2,8 @@
 
 ``model_spec(config, strategy, block, model)`` gives a JSON/YAML-able dict; ``spec_of(model)`` the spec of a
 built model; ``build_from_spec(spec)`` gives back the same model class (parameters freshly initialized; load
-a state dict into it); ``check_spec(saved, current, path)`` refuses a checkpoint written by another model;
-``check_rebuildable(model, spec)`` refuses, at fit start, a model that its spec would not rebuild.
+a state dict into it); ``check_rebuildable(model, spec)`` refuses, at fit start, a model that its spec would not
+rebuild. Comparing a checkpoint's spec with a run's is the checkpoint package's (``checkpoint/match.py``).
 Classes and class factories (what jsonargparse gives for ``class_path`` + ``init_args``) are stored as
 ``{"class_path": ..., "init_args": ...}``.
 
@@ -19,11 +19,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from ..scale.keeps import placement_data
 from ..scale.strategy import Placement, ScaleStrategy
-from ..verify import MismatchedCheckpointError
 from .config import MoEConfig, TransformerConfig
 
 #: the model class of a spec that names none (written before the model entry existed)
@@ -184,33 +183,3 @@ def _clean(key: str) -> str:
 def unwrapped_class(model: Any) -> type:
     """The model's own class: ``fully_shard`` (FSDP2) swaps a module's class for a generated ``FSDP<name>``."""
     return next(c for c in type(model).__mro__ if not c.__module__.startswith("torch.distributed"))
-
-
-SHAPE_KEYS = ("vocab_size", "n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "intermediate_size", "moe",
-              "tie_embeddings")
-
-
-def check_spec(saved: Optional[dict], current: dict, path: Optional[str]) -> None:
-    """Raise ``MismatchedCheckpointError`` when a checkpoint's model (shape, scale strategy, block) differs from this run's."""
-    if not saved:
-        return
-    diffs = []
-    model_a, model_b = saved.get("model") or describe_model(), current.get("model") or describe_model()
-    if model_a != model_b:
-        diffs.append(f"model: checkpoint {_model_text(model_a)}, this run {_model_text(model_b)} (a CausalLM subclass "
-                     "overriding build_model is chosen with model.class_path)")
-    for section, keys in (("config", SHAPE_KEYS), ("strategy", tuple(current.get("strategy", {})))):
-        a, b = saved.get(section, {}), current.get(section, {})
-        diffs += [f"{section}.{k}: checkpoint {a.get(k)!r}, this run {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
-    if saved.get("block") != current.get("block"):
-        diffs.append(f"block: checkpoint {saved.get('block')}, this run {current.get('block')}")
-    if diffs:
-        raise MismatchedCheckpointError(  # exit 2: a sound checkpoint that does not fit this recipe
-            f"checkpoint {path or '?'} was written by another model: " + "; ".join(diffs)
-            + ". Resume with the recipe that wrote it (config.yaml in its run folder) or start afresh"
-        )
-
-
-def _model_text(desc: dict[str, Any]) -> str:
-    args = desc.get("init_args") or {}
-    return desc["class_path"] + (f" {args}" if args else "")

@@ -92,7 +92,7 @@ OUT_OF_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 def write_failure(err: BaseException, path: str | Path) -> Optional[Exception]:
     """The one-line ``RunError`` for a checkpoint write that ran out of room, or ``None``. torch's zip writer
     reports a short write as ``RuntimeError('... unexpected pos ...')``, with the ``OSError`` as its context."""
-    from .errors import RunError
+    from ..errors import RunError
 
     seen, cause = 0, err
     while cause is not None and not (isinstance(cause, OSError) and cause.errno in OUT_OF_ROOM) and seen < 8:
