@@ -9,6 +9,8 @@ message) or any structural change unless ``--allow-function-change``, check the 
 checkpoint's dtype, refuse by name a target parameterization without an inverse; a refusal names the presets that
 keep this model exactly, each one checked: ``exact_presets``), ``write_native`` (the native folder +
 ``model.yaml``, the recipe fragment ``fit`` needs with ``--model.init_from``), ``convert_checkpoint`` and ``main``.
+The checkpoint's spec is read once and carried (``target_spec``: its model class with ``init_args``, config and
+block, in the target strategy) into every target built and into the folder written, never re-derived from a model.
 ``import`` (``hf_import.py``) uses the same. The probe, the tolerances and "the same strategy" are
 ``convert_check.py``.
 
@@ -32,7 +34,8 @@ from ..errors import UserError
 from ..export.tokenizer import find_tokenizer
 from ..export.write import write_native_files
 from ..model.block import Block
-from ..model.spec import STOCK_MODEL, build_from_spec, describe_callable, model_spec, spec_of, strategy_from_dict
+from ..model.spec import (STOCK_MODEL, build_from_spec, describe_callable, describe_model, spec_of, strategy_data,
+                          strategy_from_dict)
 from ..model.transformer import Transformer
 from ..outdir import OutputFolder, output_folder
 from ..scale.convert import Transfer, transfer_
@@ -72,13 +75,21 @@ def _check_finite(model: Transformer, value: str) -> None:
                         "them", "convert a checkpoint written before the values diverged")
 
 
+def target_spec(spec: dict[str, Any], strategy: Optional[ScaleStrategy] = None, *,
+                tie_embeddings: Optional[bool] = None) -> dict[str, Any]:
+    """The spec of the model ``spec`` describes, in ``strategy`` (``None``: its own): its model class (with its
+    ``init_args``), config and block as ``spec`` records them; ``tie_embeddings``: the head as converted."""
+    config = dict(spec["config"]) if tie_embeddings is None else {**spec["config"], "tie_embeddings": tie_embeddings}
+    return {**spec, "model": spec.get("model") or describe_model(), "config": config,
+            "strategy": strategy_data(strategy) if strategy is not None else spec["strategy"]}
+
+
 def _build_target(model: Transformer, strategy: ScaleStrategy, spec: Optional[dict[str, Any]] = None) -> Transformer:
     """The model of ``strategy`` in float64: every scale vector as its class constructs it (initialised: its
     ``set_gamma_`` may read its parameters), every other parameter NaN (each must come from the transfer).
     ``spec``: the model's spec as its checkpoint recorded it (read once by the command and carried); without
     one (a model built in memory), it is taken from ``model``."""
-    spec = {**(spec if spec is not None else spec_of(model)),
-            "strategy": model_spec(model.config, strategy, Block)["strategy"]}
+    spec = target_spec(spec if spec is not None else spec_of(model), strategy)
     with torch.device("meta"):
         target = build_from_spec(spec)
     target.to_empty(device="cpu")
@@ -130,10 +141,11 @@ def _transfer_checked(model: Transformer, source: Transformer, strategy: ScaleSt
     return target.eval(), report, probe.change(target.eval())
 
 
-def exact_presets(model: Transformer, source: Transformer, probe: Probe, skip: ScaleStrategy) -> list[str]:
+def exact_presets(model: Transformer, source: Transformer, probe: Probe, skip: ScaleStrategy,
+                  spec: Optional[dict[str, Any]] = None) -> list[str]:
     """The presets (``PRESETS``) that convert ``model`` exactly (a copy, or a float64 transfer without a listed
     change within ``tolerance`` that is also within ``written_tolerance`` in the model's dtype), ``skip`` left out:
-    each one's conversion check, run."""
+    each one's conversion check, run. ``spec``: the model's as its checkpoint recorded it (``_build_target``)."""
     names, tol, dtype = [], tolerance(model.config), next(model.parameters()).dtype
     refused = resolved_strategy(model.config, skip)
     for path in sorted(PRESETS.glob("*.yaml")) if PRESETS.is_dir() else []:
@@ -146,7 +158,8 @@ def exact_presets(model: Transformer, source: Transformer, probe: Probe, skip: S
                 continue
             if isinstance(strategy.vector, type) and not strategy.vector.invertible():
                 continue
-            target, report, moved = _transfer_checked(model, source, strategy, probe, measure_changed=False)
+            target, report, moved = _transfer_checked(model, source, strategy, probe, measure_changed=False,
+                                                      spec=spec)
         except Exception:  # noqa: BLE001 - a preset this model cannot be built or written with is not advised
             continue
         if report.changes or not moved <= tol:
@@ -197,7 +210,7 @@ def convert_model(model: Transformer, strategy: ScaleStrategy, *, allow_function
         raise UserError(key, value, f"this strategy changes what the model computes: {why}; the logits moved by "
                         f"{moved:.3g} relative (max |Δ| / max |logits|, float64, {batch}) against a tolerance of "
                         f"{tol:.3g} (float64 rounding for {model.config.n_layer} layers of width up to "
-                        f"{widest(model.config)}: ε₆₄·(2L+1)·w^1.5)", _advice(model, source, probe, strategy))
+                        f"{widest(model.config)}: ε₆₄·(2L+1)·w^1.5)", _advice(model, source, probe, strategy, spec))
     if model.config.tie_embeddings and not target.tied:
         target.config = dataclasses.replace(target.config, tie_embeddings=False)
     target = target.to(dtype).eval()
@@ -207,13 +220,13 @@ def convert_model(model: Transformer, strategy: ScaleStrategy, *, allow_function
         if bad:  # never written, whatever --allow-function-change says: a checkpoint with Inf or NaN weights
             raise UserError(key, value, f"the converted model does not fit in {name}, the checkpoint's dtype: "
                             f"{', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''} overflow (a scale folded into "
-                            "weights beyond its range)", _advice(model, source, probe, strategy))
+                            "weights beyond its range)", _advice(model, source, probe, strategy, spec))
         if not lost <= wtol and not allow_function_change:
             raise UserError(key, value, f"the model as written in {name} moves the logits by {lost:.3g} relative "
                             f"(max |Δ| / max |logits|, computed in float64, {batch}) against a tolerance of {wtol:.3g} "
                             f"(rounding every weight once to {name}: ε·(2L+1)·√w for {model.config.n_layer} layers of "
                             f"width up to {widest(model.config)}), although the float64 transfer kept the function",
-                            _advice(model, source, probe, strategy))
+                            _advice(model, source, probe, strategy, spec))
     return target, report, moved
 
 
@@ -225,8 +238,9 @@ def _written_change(target: Transformer, probe: Probe, config, dtype: torch.dtyp
     return probe.change(written), written_tolerance(config, dtype), bad
 
 
-def _advice(model: Transformer, source: Transformer, probe: Probe, refused: ScaleStrategy) -> str:
-    keep = exact_presets(model, source, probe, refused)
+def _advice(model: Transformer, source: Transformer, probe: Probe, refused: ScaleStrategy,
+            spec: Optional[dict[str, Any]] = None) -> str:
+    keep = exact_presets(model, source, probe, refused, spec)
     if not keep:
         return (f"no preset in {PRESETS_TEXT} keeps this model exactly; pass --allow-function-change and continue "
                 "training to recover")
@@ -244,14 +258,15 @@ def _summary(lines: list[str], limit: int = 6) -> list[str]:
     return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
 
 
-def write_native(model: Transformer, out: str | Path, *, tokenizer: Path,
+def write_native(model: Transformer, out: str | Path, *, tokenizer: Path, spec: Optional[dict[str, Any]] = None,
                  overwrite: bool = False, command: str = "convert",
                  sources: Iterable[tuple[str, Optional[str | Path]]] = ()) -> list[str]:
     """The native folder (``export --format native``'s layout) and ``model.yaml``: the model section of a
-    recipe that builds this model (``--config <out>/model.yaml --model.init_from <out>``). ``out`` is written
-    all or nothing and must not overlap ``sources`` (``(option, path)`` of what ``command`` read);
-    ``overwrite`` replaces an earlier output of export/import/convert (``scalevec_lit/outdir.py``)."""
-    spec = spec_of(model)
+    recipe that builds this model (``--config <out>/model.yaml --model.init_from <out>``). ``spec``: the model's,
+    carried from the checkpoint the command read (``target_spec``); without one (a model built in memory), it is
+    taken from ``model``. ``out`` is written all or nothing and must not overlap ``sources`` (``(option, path)`` of
+    what ``command`` read); ``overwrite`` replaces an earlier output of export/import/convert (``outdir.py``)."""
+    spec = target_spec(spec if spec is not None else spec_of(model))
     config = {k: v for k, v in spec["config"].items() if k != "seq_len"}  # the recipe's seq_len is used
     section: dict[str, Any] = {"config": config, "strategy": spec["strategy"]}
     if spec["block"] != describe_callable(Block):
@@ -284,10 +299,12 @@ def convert_checkpoint(ckpt: str | Path, strategy: str | Path, out: str | Path, 
     model = model_from_state(read.spec, read.state)
     _check_finite(model, str(ckpt))
     tok, note = find_tokenizer(ckpt, tokenizer, recorded=read.tokenizer)
-    target, report, moved = convert_model(model, read_strategy(strategy, model.strategy.eps),
-                                          allow_function_change=allow_function_change, value=str(strategy),
-                                          spec=read.spec)
-    files = write_native(target, out, tokenizer=tok, overwrite=overwrite, command="convert",
+    wanted = read_strategy(strategy, model.strategy.eps)
+    target, report, moved = convert_model(model, wanted, allow_function_change=allow_function_change,
+                                          value=str(strategy), spec=read.spec)
+    spec = target_spec(read.spec, None if same_strategy(model, wanted) else wanted,  # a copy keeps its own
+                       tie_embeddings=target.config.tie_embeddings)
+    files = write_native(target, out, tokenizer=tok, spec=spec, overwrite=overwrite, command="convert",
                          sources=[*sources, ("the checkpoint's tokenizer", tok)])
     return Converted(Path(out), files, report, moved, note)
 

@@ -94,12 +94,17 @@ def describe_model(model: Any = None) -> dict[str, Any]:
     return {"class_path": class_path(unwrapped_class(model)), "init_args": dict(getattr(model, "init_args", None) or {})}
 
 
-def model_spec(config: TransformerConfig, strategy: ScaleStrategy, block: Callable, model: Any = None) -> dict[str, Any]:
-    """The spec of ``model`` (built from ``config``, ``strategy`` and ``block``; ``None``: a stock ``Transformer``)."""
+def strategy_data(strategy: ScaleStrategy) -> dict[str, Any]:
+    """A spec's ``strategy`` entry: ``strategy`` as plain data (``strategy_from_dict`` reads it back)."""
     strat = {f.name: getattr(strategy, f.name) for f in dataclasses.fields(strategy)}
     strat["vector"] = describe_callable(strategy.vector)
     strat["placement"] = placement_data(strategy)
-    return {"model": describe_model(model), "config": dataclasses.asdict(config), "strategy": strat,
+    return strat
+
+
+def model_spec(config: TransformerConfig, strategy: ScaleStrategy, block: Callable, model: Any = None) -> dict[str, Any]:
+    """The spec of ``model`` (built from ``config``, ``strategy`` and ``block``; ``None``: a stock ``Transformer``)."""
+    return {"model": describe_model(model), "config": dataclasses.asdict(config), "strategy": strategy_data(strategy),
             "block": describe_callable(block)}
 
 
