@@ -1,4 +1,4 @@
-"""Hugging Face architecture adapters (``scalevec_lit/export/arch/``): one per architecture, found by a registry.
+"""Hugging Face architecture adapters (``scalevec_lit/arch/``): one per architecture, found by a registry.
 
 - every shipped adapter's name table maps both ways: each tensor of our folded model has exactly one name,
   export then import through the table gives back every tensor bit for bit (the four importable ones also
@@ -24,9 +24,9 @@ from torch import nn
 from helpers import tiny_config
 from scalevec_lit.errors import UserError
 from scalevec_lit.export import ARCHITECTURES, HFExportError, hf_layout, main, save_hf, save_native, write_safetensors
-from scalevec_lit.export.arch import HFArchitecture, architecture, architectures, facts_of, register, unregister
-from scalevec_lit.export.hf_names import native_tensor
-from scalevec_lit.hub import config_from_hf, load_hf
+from scalevec_lit.arch import HFArchitecture, architecture, architectures, facts_of, register, unregister
+from scalevec_lit.arch.names import native_tensor
+from scalevec_lit.checkpoint.hf import config_from_hf, load_hf
 from scalevec_lit.model.block import Block, ParallelBlock
 from scalevec_lit.model.spec import build_from_spec
 from scalevec_lit.model.transformer import Transformer
@@ -129,9 +129,21 @@ def test_registry_lists_the_shipped_adapters_in_their_order():
     assert [a.architecture for a in architectures()][:5] == [
         "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM"]
     assert [a.title for a in architectures() if a.importable] == ["Llama", "Qwen3", "Qwen3-MoE", "Mixtral"]
-    with pytest.raises(ValueError, match=r"LlamaForCausalLM is already registered by scalevec_lit\.export\.arch\.llama"):
+    with pytest.raises(ValueError, match=r"LlamaForCausalLM is already registered by scalevec_lit\.arch\.llama"):
         register(type("Llama", (HFArchitecture,), {"architecture": "LlamaForCausalLM", "title": "Llama"}))
     assert ARCHITECTURES["LlamaForCausalLM"].title == "Llama"  # the shipped one stays
+    assert [type(a).__module__ for a in architectures()][:5] == [  # found in the package's own folder
+        f"scalevec_lit.arch.{m}" for m in ("llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe")]
+
+
+def test_the_former_module_name_is_the_same_registry():
+    """``scalevec_lit.export.arch`` (the adapters' former home) still works for existing scripts: the same objects."""
+    import scalevec_lit.arch as arch
+    import scalevec_lit.export.arch as former
+
+    assert former.register is arch.register
+    assert former.__all__ == arch.__all__
+    assert [n for n in arch.__all__ if getattr(former, n) is not getattr(arch, n)] == []
 
 
 # -- unknown blocks, models and architectures: refused by name ------------------------------------------------
@@ -151,7 +163,7 @@ def test_a_block_without_mlp_is_refused_by_name_with_the_way_out(tmp_path, capsy
     """Was ``internal: AttributeError: 'AttentionOnlyBlock' object has no attribute 'mlp'``."""
     model = tiny("baseline", {}, None, {"vocab_size": 4096}, block=AttentionOnlyBlock)  # the embedded tokenizer's
     with pytest.raises(HFExportError, match=r"every layer, model\.block: AttentionOnlyBlock is not the Pre-Norm Block"
-                                            r".*scalevec_lit\.export\.arch\.register.*--format native"):
+                                            r".*scalevec_lit\.arch\.register.*--format native"):
         save_hf(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

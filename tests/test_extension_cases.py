@@ -85,7 +85,7 @@ def test_a_python_block_without_mlp_exports_natively_decodes_and_is_refused_by_h
     code, out = main_in_process(capfd, ["export", "--ckpt", tmp_path / "native", "--out", tmp_path / "hf"])
     assert code == 2 and "internal" not in out
     assert ("model.block: AttentionOnlyBlock is not the Pre-Norm Block (no Hugging Face architecture adapter reads "
-            "it; one that does is registered with scalevec_lit.export.arch.register); use Block, or export the native "
+            "it; one that does is registered with scalevec_lit.arch.register); use Block, or export the native "
             "format (--format native") in out
     assert not (tmp_path / "hf").exists()
 

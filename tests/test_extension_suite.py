@@ -111,7 +111,7 @@ def test_decay_groups_follow_the_roles(run):
 # -- export, convert ------------------------------------------------------------------------------------------
 HF_REFUSAL = {
     "block": "every layer, model.block: {short} is not the Pre-Norm Block (no Hugging Face architecture adapter reads "
-             "it; one that does is registered with scalevec_lit.export.arch.register); use Block, or export the "
+             "it; one that does is registered with scalevec_lit.arch.register); use Block, or export the "
              "native format (--format native",
     "model": "the model is a {short}, not scalevec_lit's Transformer (no Hugging Face architecture adapter reads it); "
              "or export the native format (--format native",

@@ -114,7 +114,7 @@ def test_export_refuses_it_by_name():
     assert adapter is None
     assert problems == ["every layer, model.block: OneNormParallelBlock is not the Pre-Norm Block (no Hugging Face "
                         "architecture adapter reads it; one that does is registered with "
-                        "scalevec_lit.export.arch.register); use Block, or export the native format (--format native: "
+                        "scalevec_lit.arch.register); use Block, or export the native format (--format native: "
                         "our state dict + spec, reloadable with build_from_spec)"]
 
 

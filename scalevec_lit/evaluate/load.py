@@ -1,11 +1,12 @@
-"""The model ``evaluate`` scores and its own tokenizer, from any checkpoint or Hugging Face folder.
+"""The model ``evaluate`` scores and its own tokenizer, from any checkpoint or Hugging Face folder, opened by
+``scalevec_lit.checkpoint``'s ``open_model`` (which tells the forms apart):
 
 - A native checkpoint of any strategy, dense or MoE (a ``.ckpt`` of ``fit``, a distributed checkpoint folder,
   a native export folder): rebuilt from its spec as ``generate`` and ``export`` do, with the tokenizer recorded
   in it (``--tokenizer`` must be the same tokenizer by content: ``export/tokenizer.py``).
 - A Hugging Face folder (``config.json`` + safetensors) of an architecture ``import`` reads (one ``export``
   wrote, or Llama/Qwen3/Qwen3-MoE/Mixtral from elsewhere): the native model is built in memory through the
-  import path (``hub/hf_import.py``; no file written), with the folder's ``tokenizer.json``.
+  architecture adapters (``checkpoint/hf.py``; no file written), with the folder's ``tokenizer.json``.
 
 Plain torch (+ tokenizers, safetensors): must not import Lightning or lm-eval.
 """
@@ -14,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..checkpoint import NATIVE_SPEC, ExportError
+from ..checkpoint import ExportError
+from ..checkpoint.forms import open_model
 from ..errors import UserError
 
 KEY = "--ckpt_path"
@@ -22,31 +24,37 @@ WHAT = ("give a .ckpt of fit, a distributed checkpoint folder, a native export f
         "(config.json + safetensors)")
 
 
-def is_hf_folder(path: Path) -> bool:
-    return path.is_dir() and (path / "config.json").is_file() and not (path / NATIVE_SPEC).is_file() \
-        and not (path / ".metadata").is_file()
-
-
 def load_for_evaluation(path: str | Path, tokenizer: Optional[str | Path] = None):
     """``(model in eval mode (fp32, CPU), Tokenizer, a line saying what was loaded)``."""
+    from ..data.tokenizer import Tokenizer
+    from ..export.tokenizer import find_tokenizer
+
     p = Path(path)
     if not p.exists():
         raise UserError(KEY, str(path), "does not exist", WHAT)
-    if is_hf_folder(p):
-        return _load_hf(p, tokenizer)
-    from ..generate import load_for_generation
-
     try:
-        model, tok, note = load_for_generation(str(p), None if tokenizer is None else str(tokenizer))
-    except ExportError as err:  # export's messages name its own flag
+        opened = open_model(p)
+        if opened.architecture is None:
+            found, note = find_tokenizer(p, None if tokenizer is None else str(tokenizer), recorded=opened.tokenizer)
+            tok = Tokenizer(found, key="--tokenizer")
+    except ExportError as err:  # the checkpoint reader's messages name export's flag
         raise ExportError(str(err).replace("--ckpt:", f"{KEY}:", 1)) from None
+    model = opened.model
+    if opened.architecture is not None:
+        tok = _folder_tokenizer(p, tokenizer)
+    if tok.vocab_size > model.config.vocab_size:
+        raise UserError("--tokenizer", str(tok.path), f"has {tok.vocab_size} tokens, more than the model's vocabulary "
+                        f"({model.config.vocab_size})", "pass the tokenizer.json the model was trained with")
     params = sum(t.numel() for t in model.parameters())
+    if opened.architecture is not None:
+        return model, tok, (f"{p}: Hugging Face {opened.architecture}, {params:,} parameters (imported in memory); "
+                            f"tokenizer: {tok.path}")
     return model, tok, f"{p}: native checkpoint, {params:,} parameters; tokenizer: {note}"
 
 
-def _load_hf(folder: Path, tokenizer: Optional[str | Path]):
+def _folder_tokenizer(folder: Path, tokenizer: Optional[str | Path]):
+    """The tokenizer of a Hugging Face folder: its ``tokenizer.json``, or ``--tokenizer`` when it is the same."""
     from ..data.tokenizer import Tokenizer, describe_tokenizer, same_tokenizer
-    from ..hub.hf_import import load_hf
 
     inside = folder / "tokenizer.json"
     if tokenizer is None and not inside.is_file():
@@ -60,9 +68,4 @@ def _load_hf(folder: Path, tokenizer: Optional[str | Path]):
             raise UserError("--tokenizer", str(tokenizer), f"is not the tokenizer of {folder}: given "
                             f"{describe_tokenizer(tok.identity())}, the folder has {describe_tokenizer(own)}",
                             "leave --tokenizer out (the folder's tokenizer.json is used) or pass a copy of it")
-    model, arch = load_hf(folder)
-    if tok.vocab_size > model.config.vocab_size:
-        raise UserError("--tokenizer", str(tok.path), f"has {tok.vocab_size} tokens, more than the model's vocabulary "
-                        f"({model.config.vocab_size})", "pass the tokenizer.json the model was trained with")
-    params = sum(t.numel() for t in model.parameters())
-    return model, tok, f"{folder}: Hugging Face {arch}, {params:,} parameters (imported in memory); tokenizer: {tok.path}"
+    return tok

@@ -18,7 +18,8 @@
 Modules: ``errors`` (ExportError, HFExportError), ``hf_plan`` (which
 architecture, or the refusals), ``hf`` (weight names and config.json), ``tokenizer`` (finding and writing
 the tokenizer files), ``write`` (safetensors, ``save_hf``, ``save_native``, ``load_native``), ``cli``
-(``export`` and ``main``). This file only re-exports their public names, and those of ``scalevec_lit.checkpoint``
+(``export`` and ``main``); ``arch`` re-exports ``scalevec_lit.arch`` (the adapters' former home, kept for
+existing scripts). This file only re-exports their public names, and those of ``scalevec_lit.checkpoint``
 (reading and rebuilding a checkpoint) that it always has.
 
 Plain torch (+ safetensors, tokenizers, yaml): must not import Lightning or transformers.

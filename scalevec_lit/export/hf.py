@@ -1,7 +1,7 @@
 """The Hugging Face layout of a folded model (``hf_layout``): the adapter that holds it is chosen, or the
 model refused, by ``hf_plan.plan``; the weight names, the tensors and ``config.json`` are that adapter's
-(``export/arch/``: Llama, Qwen3, Qwen3-MoE, Mixtral, Glm4-MoE, and any registered one). Import reads the
-same name table (``scalevec_lit/hub/hf_import.py``).
+(``scalevec_lit/arch/``: Llama, Qwen3, Qwen3-MoE, Mixtral, Glm4-MoE, and any registered one). Reading a
+Hugging Face folder uses the same name table (``scalevec_lit/checkpoint/hf.py``).
 
 Plain torch: must not import Lightning or transformers, nor the write / cli modules of this package.
 """
@@ -15,7 +15,7 @@ import torch
 
 from ..model.transformer import Transformer
 from ..scale.fold import fold_scales
-from .arch import HFArchitecture, architectures, facts_of
+from ..arch import HFArchitecture, architectures, facts_of
 from .errors import HFExportError
 from .hf_plan import plan
 

@@ -1,5 +1,5 @@
 """Which transformers architecture holds a folded model, and the refusals (``plan_hf``): read from the
-registered adapters (``export/arch/``), never from a list of names here.
+registered adapters (``scalevec_lit/arch/``), never from a list of names here.
 
 A model, or a block, that no adapter reads is refused by its class name. Otherwise every adapter whose
 kind the model is (``HFArchitecture.fits``: dense or MoE, the router, QK-norm) checks it; the first that
@@ -15,7 +15,7 @@ from typing import Optional
 from torch import nn
 
 from ..scale.registry import scale_parameters
-from .arch import NATIVE_HINT, HFArchitecture, Refusals, architectures, facts_of, head_norm_weight
+from ..arch import NATIVE_HINT, HFArchitecture, Refusals, architectures, facts_of, head_norm_weight
 
 __all__ = ["NATIVE_HINT", "head_norm_weight", "plan", "plan_hf"]
 
@@ -29,7 +29,7 @@ def _unknown(model: nn.Module, adapters: list[HFArchitecture]) -> list[str]:
     for i, block in enumerate(model.blocks):
         if not any(type(block) in a.blocks for a in adapters):
             r.add(f"model.block: {type(block).__qualname__} is not the Pre-Norm Block (no Hugging Face architecture "
-                  "adapter reads it; one that does is registered with scalevec_lit.export.arch.register); use Block", i)
+                  "adapter reads it; one that does is registered with scalevec_lit.arch.register); use Block", i)
     return r.lines()
 
 

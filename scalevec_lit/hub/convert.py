@@ -41,6 +41,7 @@ from ..outdir import OutputFolder, output_folder
 from ..scale.convert import Transfer, transfer_
 from ..scale.strategy import ScaleStrategy
 from ..scale.vector import NoInverse, ScaleVector
+from ._args import add_output_options
 from .convert_check import (SAMPLE, Probe, probe_batch, resolved_strategy, same_strategy, tolerance,
                             widest, written_tolerance)
 
@@ -325,12 +326,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--ckpt", required=True, help="native folder (import/convert/export --format native), .ckpt or DCP folder")
     parser.add_argument("--strategy", required=True, help="a strategy preset, e.g. recipes/strategy/hg.yaml")
     parser.add_argument("--out", required=True, help="output folder (native format + model.yaml)")
-    parser.add_argument("--allow-function-change", action="store_true",
-                        help="convert even where the function changes (adding or removing a normalization)")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer.json to ship (default: the checkpoint's)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace an earlier export/import/convert in --out (removes only the files its manifest "
-                             "lists; other files stay)")
+    add_output_options(parser, function_change="convert even where the function changes (adding or removing a "
+                       "normalization)", tokenizer="tokenizer.json to ship (default: the checkpoint's)")
     args = parser.parse_args(argv)
     done = convert_checkpoint(args.ckpt, args.strategy, args.out, allow_function_change=args.allow_function_change,
                               tokenizer=args.tokenizer, overwrite=args.overwrite)

@@ -1,24 +1,28 @@
-"""Reading what ``inspect`` looks at into a native model (fp32, CPU, eval mode), nothing written:
+"""Reading what ``inspect`` looks at into a native model (fp32, CPU, eval mode), nothing written, through
+``scalevec_lit.checkpoint``'s ``open_model``, which tells the forms apart and opens any of them:
 
 - a single-file Lightning checkpoint (``*.ckpt`` of ``fit``, any strategy, dense or MoE), a distributed
   checkpoint folder (``*.distcp`` + ``.metadata`` + ``meta.pt``) or a native export folder
-  (``scalevec_spec.json``): through ``scalevec_lit.checkpoint`` (``read_checkpoint`` + ``model_from_state``, the
-  model of the checkpoint's own spec), as ``generate`` and ``export`` read them;
+  (``scalevec_spec.json``): the model of the checkpoint's own spec, as ``generate`` and ``export`` read them;
 - a local Hugging Face folder (``config.json`` + safetensors) of an architecture ``import`` reads (Llama,
-  Qwen3, Qwen3-MoE, Mixtral), or one that ``export --format hf`` wrote: through ``hub.hf_import.load_hf``,
-  which builds the native model holding it exactly (one plain γ per norm; QK-norm as DNP on q/k with a
-  per-head u), so the roles are the library's own.
+  Qwen3, Qwen3-MoE, Mixtral), or one that ``export --format hf`` wrote: the native model holding it exactly
+  (one plain γ per norm; QK-norm as DNP on q/k with a per-head u), so the roles are the library's own.
 
-Errors name the argument (``PATH`` or ``--compare``), the value and the fix.
+The spec read there is carried (``Loaded.spec``): the strategy line describes the spec's strategy, not the live
+model's. Errors name the argument (``PATH`` or ``--compare``), the value and the fix.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
+from scalevec_lit.checkpoint.forms import open_model
+from scalevec_lit.checkpoint.hf import importable
 from scalevec_lit.errors import UserError, exit_code_for, one_paragraph
+from scalevec_lit.model.spec import strategy_from_dict
 from scalevec_lit.scale.keeps import moved_branches
 
 PATH_HINT = ("give a .ckpt file of fit, a distributed checkpoint folder, a native export folder "
@@ -32,7 +36,12 @@ class Loaded:
     model: nn.Module
     path: str
     kind: str  # checkpoint, distributed checkpoint, native folder, Hugging Face folder (<architecture>)
-    strategy: str  # one line: parameterization, placement, HG
+    spec: dict[str, Any]  # the spec read with the model (model/spec.py's plain data), carried
+
+    @property
+    def strategy(self) -> str:
+        """One line: parameterization, placement, HG; of the spec's strategy."""
+        return describe_strategy(self.spec)
 
     @property
     def n_layer(self) -> int:
@@ -43,10 +52,11 @@ class Loaded:
         return Path(self.path).name or self.path
 
 
-def describe_strategy(model: nn.Module) -> str:
-    s = getattr(model, "strategy", None)
-    if s is None:
+def describe_strategy(spec: dict[str, Any]) -> str:
+    """The strategy of ``spec`` (as read from the checkpoint or folder) in one line."""
+    if not isinstance(spec.get("strategy"), dict):
         return "unknown strategy"
+    s = strategy_from_dict(spec["strategy"])
     vector = getattr(getattr(s.vector, "func", s.vector), "__name__", type(s.vector).__name__)  # a class or a partial
     moved = ", ".join(f"{b}: {p}" for b, p in moved_branches(s).items()) or "all input"
     return f"{vector}, placement {moved}{', branch-specific (HG)' if s.branch_specific else ''}"
@@ -80,17 +90,11 @@ def load(path: str | Path, key: str = "PATH") -> Loaded:
     p = Path(path)
     if not p.exists():
         raise UserError(key, repr(str(path)), "does not exist", PATH_HINT)
-    if p.is_dir() and (p / "config.json").is_file() and not (p / "scalevec_spec.json").is_file():
-        return _load_hf(p, key)
-    return _load_native(p, key)
-
-
-def _load_hf(folder: Path, key: str) -> Loaded:
-    from scalevec_lit.hub.hf_import import importable, load_hf
-
+    if p.is_file():
+        _refuse_other_files(p, key)
     try:
-        model, arch = load_hf(folder)
-    except UserError as err:
+        opened = open_model(p)
+    except UserError as err:  # a Hugging Face folder's: import's words made inspect's
         if err.key == "--hf":
             raise UserError(key, err.value, err.problem, err.fix, exit_code=err.exit_code) from None
         if err.key.endswith("architectures"):  # import's fix speaks of importing
@@ -98,7 +102,11 @@ def _load_hf(folder: Path, key: str) -> Loaded:
                             f"give a model of {', '.join(importable())}, or a native checkpoint",
                             exit_code=err.exit_code) from None
         raise
-    return Loaded(model, str(folder), f"Hugging Face folder ({arch})", describe_strategy(model))
+    except Exception as err:  # noqa: BLE001 - the loaders' user errors (ExportError, CheckpointError) get our key
+        if exit_code_for(err) is None:
+            raise
+        raise _reworded(err, key, p) from None
+    return Loaded(opened.model, str(p), opened.kind, opened.spec)
 
 
 ZIP_MAGIC = b"PK\x03\x04"
@@ -109,26 +117,14 @@ def _head(path: Path) -> bytes:
         return f.read(4)
 
 
-def _load_native(p: Path, key: str) -> Loaded:
-    from scalevec_lit.checkpoint import NATIVE_SPEC, model_from_state, read_checkpoint
-
-    if p.is_file() and p.suffix in (".json", ".safetensors", ".yaml", ".txt"):
+def _refuse_other_files(p: Path, key: str) -> None:
+    """A file that is not a torch checkpoint, named before it is read."""
+    if p.suffix in (".json", ".safetensors", ".yaml", ".txt"):
         raise UserError(key, repr(str(p)), f"is a {p.suffix} file, not a checkpoint",
                         f"give the folder that holds it (for an exported or Hugging Face model), or {PATH_HINT}")
-    if p.is_file() and _head(p) != ZIP_MAGIC:
+    if _head(p) != ZIP_MAGIC:
         raise UserError(key, repr(str(p)), "is not a checkpoint (a torch checkpoint is a zip archive, this file is not "
                         "one)", PATH_HINT)
-    try:
-        spec, state = read_checkpoint(p)
-        model = model_from_state(spec, state)
-    except UserError:
-        raise
-    except Exception as err:  # noqa: BLE001 - the loaders' user errors (ExportError, CheckpointError) get our key
-        if exit_code_for(err) is None:
-            raise
-        raise _reworded(err, key, p) from None
-    kind = ("native folder" if (p / NATIVE_SPEC).is_file() else "distributed checkpoint") if p.is_dir() else "checkpoint"
-    return Loaded(model, str(p), kind, describe_strategy(model))
 
 
 def summary_line(loaded: Loaded) -> str:

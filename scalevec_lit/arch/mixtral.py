@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ...model.config import MoEConfig
+from ..model.config import MoEConfig
 from . import register
 from .base import HFArchitecture
 

@@ -1,7 +1,7 @@
 """Where a tensor of a Hugging Face checkpoint lives in our model (``Ref``), and that tensor
 (``native_tensor``): the native side of every architecture's name table. The names themselves are each
-adapter's (``HFArchitecture.names`` in ``export/arch/``), read both ways: export (native → HF,
-``hf.hf_layout``) and import (HF → native, ``scalevec_lit.hub.hf_import``).
+adapter's (``HFArchitecture.names`` in this package), read both ways: export (native → HF,
+``export/hf.py``'s ``hf_layout``) and reading a Hugging Face folder (HF → native, ``checkpoint/hf.py``).
 
 ``native_tensor(model, ref)`` returns the tensor (a view into a stacked expert weight for one expert), so
 export reads it and import copies into it. Norm weights are not ours to read directly: an HF RMSNorm
@@ -9,7 +9,7 @@ weight is the site's input-side γ (``norm``) and a QK-norm weight is the per-he
 (``head_norm``); export writes ones / the per-head u after folding, import writes them through the scale
 layer (``scale/convert.py``).
 
-Plain torch: must not import Lightning or transformers, nor the hf / write / cli modules of this package.
+Plain torch: imports nothing of the package; must not import Lightning or transformers.
 """
 from __future__ import annotations
 

@@ -1,12 +1,14 @@
 """Hugging Face architectures, one adapter each: the only place that knows a transformers architecture.
 
-Each file of this package (other than ``base`` and ``_plan``) holds one adapter, an ``HFArchitecture`` subclass decorated
-with ``@register``: its weight names both ways, its ``config.json`` both ways, and what it holds or
-refuses (the fold plan); the registry itself is ``_registry.py``. Export (``export/hf.py``, ``export/hf_plan.py``) and import
-(``hub/hf_import.py``) read only the registry below, so adding an architecture is one new file here; an
-adapter defined elsewhere (user code) is added by calling ``register`` on it.
+Each file of this package (other than ``base``, ``names`` and the private ``_plan`` and ``_registry``) holds one
+adapter, an ``HFArchitecture`` subclass decorated with ``@register``: its weight names both ways, its
+``config.json`` both ways, and what it holds or refuses (the fold plan); the registry itself is
+``_registry.py``, the native side of the name table ``names.py``. Export (``export/hf.py``,
+``export/hf_plan.py``) and reading a Hugging Face folder (``checkpoint/hf.py``, for ``import``, ``inspect`` and
+``evaluate``) read only the registry below, so adding an architecture is one new file here; an adapter defined
+elsewhere (user code) is added by calling ``scalevec_lit.arch.register`` on it.
 
-Plain torch: must not import Lightning or transformers.
+Imports only ``scale/``, ``model/`` and ``errors.py``. Plain torch: must not import Lightning or transformers.
 """
 from __future__ import annotations
 

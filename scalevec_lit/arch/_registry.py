@@ -1,5 +1,6 @@
 """The registry of Hugging Face adapters: the registered instances by architecture name, and the discovery of
-the shipped ones (every module of this package other than ``base`` and the private ones registers its own).
+the shipped ones (every module of this package other than ``base``, ``names`` and the private ones registers
+its own).
 
 Below ``base.py`` (whose refusals name the other architectures) and the package's ``__init__`` (which adds
 to it through ``register``, the one place that checks what is added): imports nothing from either.
@@ -14,6 +15,7 @@ from typing import Optional
 #: architecture name (``'LlamaForCausalLM'``) -> its adapter (an ``HFArchitecture`` instance)
 REGISTRY: dict = {}
 _discovered = False
+_NOT_ADAPTERS = ("base", "names")  # the base class and the native side of the name table
 
 
 def unregister(architecture: str) -> None:
@@ -40,5 +42,5 @@ def _discover() -> None:
         return
     _discovered = True
     for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        if info.name != "base" and not info.name.startswith("_"):
+        if info.name not in _NOT_ADAPTERS and not info.name.startswith("_"):
             importlib.import_module(f"{__package__}.{info.name}")

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..hf_names import Ref, native_tensor
+from .names import Ref, native_tensor
 from . import register
 from .base import HFArchitecture
 

@@ -16,7 +16,7 @@ NATIVE_HINT = "or export the native format (--format native: our state dict + sp
 
 def moe_class() -> Optional[type]:
     try:
-        from ...model.moe import MoE
+        from ..model.moe import MoE
     except ImportError:  # pragma: no cover - a tree without the MoE module
         return None
     return MoE

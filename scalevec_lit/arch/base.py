@@ -19,15 +19,15 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ...errors import UserError
-from ...model.attention import CausalSelfAttention
-from ...model.block import Block
-from ...model.config import MoEConfig, TransformerConfig
-from ...model.mlp import SwiGLU
-from ...model.transformer import Transformer
-from ...scale.registry import scale_parameters
-from ...scale.strategy import NORMALIZED_PLACEMENT as DNP
-from ..hf_names import Ref, native_tensor, site_of
+from ..errors import UserError
+from ..model.attention import CausalSelfAttention
+from ..model.block import Block
+from ..model.config import MoEConfig, TransformerConfig
+from ..model.mlp import SwiGLU
+from ..model.transformer import Transformer
+from ..scale.registry import scale_parameters
+from ..scale.strategy import NORMALIZED_PLACEMENT as DNP
+from .names import Ref, native_tensor, site_of
 from ._plan import ModelFacts, Refusals, head_norm_weight, join_or, moe_class
 from ._registry import architectures
 
@@ -41,7 +41,7 @@ def refuse(where: str, key: str, value: Any, problem: str, fix: str) -> UserErro
 
 class HFArchitecture:
     """One transformers architecture (subclass it, set the class attributes, override what differs, and
-    decorate the class with ``scalevec_lit.export.arch.register``)."""
+    decorate the class with ``scalevec_lit.arch.register``)."""
 
     architecture: str = ""  #: the transformers class, config.json's ``architectures``
     model_type: str = ""  #: config.json's ``model_type``
