@@ -50,6 +50,20 @@ def tiny_config(**overrides):
     return TransformerConfig(**base)
 
 
+def strategy_preset(name: str):
+    """The ``ScaleStrategy`` of the preset ``recipes/strategy/<name>.yaml``, instantiated by jsonargparse as the
+    command line does (without a recipe around it)."""
+    import yaml
+    from jsonargparse import ArgumentParser
+
+    from scalevec_lit.scale.strategy import ScaleStrategy
+
+    section = yaml.safe_load((ROOT / "recipes" / "strategy" / f"{name}.yaml").read_text())["model"]["strategy"]
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--strategy", type=ScaleStrategy)
+    return parser.instantiate_classes(parser.parse_object({"strategy": section})).strategy
+
+
 def run_cli(args: list[str], cwd: Path, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m scalevec_lit <args>`` in a subprocess from ``cwd`` (the repository on PYTHONPATH)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import ROOT, SMOKE, main_in_process, recipe
+from helpers import ROOT, SMOKE, main_in_process, recipe, strategy_preset
 
 import scalevec_lit.cli  # noqa: F401  (Lightning's log handlers bind to the session's stderr, not to one test's capture)
 
@@ -46,18 +46,6 @@ def plans(monkeypatch):
     return run
 
 
-def _strategy(name: str):
-    import yaml
-    from jsonargparse import ArgumentParser
-
-    from scalevec_lit.scale.strategy import ScaleStrategy
-
-    section = yaml.safe_load((ROOT / "recipes" / "strategy" / f"{name}.yaml").read_text())["model"]["strategy"]
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--strategy", type=ScaleStrategy)
-    return parser.instantiate_classes(parser.parse_object({"strategy": section})).strategy
-
-
 # -- parameters ------------------------------------------------------------------------------------------------
 def test_parameter_counts_exact_against_a_built_model(capfd, plans):
     code, text, plan = plans(capfd, ["--config", SMOKE, "--config", recipe("strategy", "unified.yaml"),
@@ -68,7 +56,7 @@ def test_parameter_counts_exact_against_a_built_model(capfd, plans):
 
     torch.manual_seed(0)
     with torch.device("meta"):  # the same shape, every parameter counted one by one
-        model = Transformer(plan.config, _strategy("unified"))
+        model = Transformer(plan.config, strategy_preset("unified"))
     total = sum(p.numel() for p in dict.fromkeys(model.parameters()))
     scale = sum(sp.param.numel() for sp in scale_parameters(model))
     assert (plan.count.total, plan.count.active, plan.count.scale) == (total, total, scale)

@@ -12,21 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import ROOT, tiny_config
+from helpers import strategy_preset, tiny_config
 
 TOLERANCE = 0.01  # the count leaves out a few O(d) tensors per block (scale-vector temporaries)
-
-
-def _strategy(name: str):
-    import yaml
-    from jsonargparse import ArgumentParser
-
-    from scalevec_lit.scale.strategy import ScaleStrategy
-
-    section = yaml.safe_load((ROOT / "recipes" / "strategy" / f"{name}.yaml").read_text())["model"]["strategy"]
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--strategy", type=ScaleStrategy)
-    return parser.instantiate_classes(parser.parse_object({"strategy": section})).strategy
 
 
 # -- activations -----------------------------------------------------------------------------------------------
@@ -67,7 +55,7 @@ def test_activation_count_matches_a_measured_cpu_step(preset, moe, dtype):
 
     config = tiny_config(seq_len=64, vocab_size=256, n_embd=64, n_head=4, n_kv_head=2, intermediate_size=192,
                          moe=MoEConfig(**moe) if moe else None)
-    strategy = _strategy(preset)
+    strategy = strategy_preset(preset)
     torch.manual_seed(0)
     model = Transformer(config, strategy).to(dtype)
     batch, s = 4, dtype.itemsize
@@ -136,7 +124,7 @@ def test_the_count_gives_the_benchmarked_bytes_per_token_per_block():
 
     smoke = TransformerConfig(seq_len=128, n_layer=4, n_embd=128, n_head=4, n_kv_head=2)
     d256 = TransformerConfig(seq_len=256, n_layer=6, n_embd=256, n_head=4)
-    got = [block_saved_per_token(c, _strategy(p), 0, 4, accelerator=False) for c, p in
+    got = [block_saved_per_token(c, strategy_preset(p), 0, 4, accelerator=False) for c, p in
            [(smoke, "baseline"), (smoke, "dnp"), (smoke, "sandwich"), (d256, "baseline")]]
     assert got == [9752, 9776, 11808, 19480]
 
@@ -144,7 +132,7 @@ def test_the_count_gives_the_benchmarked_bytes_per_token_per_block():
 def test_activation_checkpointing_keeps_the_block_inputs_and_one_block():
     from scalevec_lit.lit.activations import block_saved_per_token, saved_per_token
 
-    config, strategy = tiny_config(), _strategy("baseline")
+    config, strategy = tiny_config(), strategy_preset("baseline")
     plain, head = saved_per_token(config, strategy, 2, checkpointing=False)
     kept, head_ac = saved_per_token(config, strategy, 2, checkpointing=True)
     one = block_saved_per_token(config, strategy, 0, 2)
@@ -162,7 +150,7 @@ def test_weights_gradients_and_optimizer_state_exact_after_one_step(optimizer, m
     from scalevec_lit.model.transformer import Transformer
 
     config = tiny_config(moe=MoEConfig(**moe) if moe else None)
-    strategy = _strategy("unified")
+    strategy = strategy_preset("unified")
 
     def factory(groups):
         if optimizer == "adamw":
