@@ -25,6 +25,7 @@ Plain Python: must not import torch or Lightning.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -90,36 +91,80 @@ class DamagedManifest(Exception):
         super().__init__(f"{path}: {reason}")
 
 
-def _read_manifest(folder: Path) -> tuple[Optional[str], set[str]]:
-    """``(command, entries it wrote)`` from the folder's manifest; ``(None, set())`` when it has none;
-    ``DamagedManifest`` when one is there but unreadable (not JSON, not our layout)."""
-    for name, (command, default) in [(MANIFEST, (None, ())), *LEGACY_MANIFESTS.items()]:
-        path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
-            raise DamagedManifest(path, f"{type(err).__name__}: {str(err)[:120]}") from None
-        files = data.get("files", data.get("writes", default)) if isinstance(data, dict) else None
-        command = data.get("command", command) if isinstance(data, dict) else None
-        if isinstance(command, str) and isinstance(files, list) and all(isinstance(f, str) for f in files):
-            return command, {f for f in files if f and "/" not in f and f not in (".", "..")} | {name}
-        raise DamagedManifest(path, "it does not list a command and its files")
-    return None, set()
+def read_manifest(path: Path, command: Optional[str] = None, files=None) -> tuple[str, set[str]]:
+    """``(command, the plain names it lists)`` from the manifest file ``path`` (``command``, ``files``: a legacy
+    manifest's, where it names neither); ``DamagedManifest`` when it cannot be read (not JSON, not our layout)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise DamagedManifest(path, f"{type(err).__name__}: {str(err)[:120]}") from None
+    files = data.get("files", data.get("writes", files)) if isinstance(data, dict) else None
+    command = data.get("command", command) if isinstance(data, dict) else None
+    if isinstance(command, str) and isinstance(files, list) and all(isinstance(f, str) for f in files):
+        return command, {f for f in files if f and "/" not in f and f not in (".", "..")}
+    raise DamagedManifest(path, "it does not list a command and its files")
 
 
 def inspect(folder: Path, command: str, ignore: Optional[Path] = None) -> Holding:
     """What ``folder`` (resolved, an existing folder) holds, as seen by ``command`` (``ignore``: its own
-    temporary folder when that had to go inside)."""
+    temporary folder when that had to go inside); its manifest lists itself."""
     entries = {p.name for p in folder.iterdir() if p != ignore}
-    owner, listed = _read_manifest(folder)
+    owner, listed = None, set()
+    for name, (legacy_command, legacy_files) in [(MANIFEST, (None, ())), *LEGACY_MANIFESTS.items()]:
+        if (folder / name).is_file():
+            owner, listed = read_manifest(folder / name, legacy_command, legacy_files)
+            listed.add(name)
+            break
     if owner not in OWNERS[command]:
         return Holding(None, set(), entries, owner)
     return Holding(owner, entries & listed, entries - listed)
 
 
-class OutputFolder:
+class Claim:
+    """What the folder rule (``OutputFolder``) and the file rule (``outfile.OutputFile``) share: a command's
+    output, its inputs, the temporary sibling it writes into and the parent folders made for it. A subclass
+    gives ``check()`` (refuse what may not be written) and ``commit()`` (move the new files in)."""
+
+    def __init__(self, out: str | Path, *, command: str, key: str = "--out",
+                 inputs: Iterable[tuple[str, str | Path]] = (), overwrite: bool = False) -> None:
+        self.out, self.command, self.key, self.overwrite = Path(out), command, key, overwrite
+        self.inputs = [(k, p) for k, p in inputs if p is not None]
+        self.real = self.out.resolve()
+        self.tmp: Optional[Path] = None
+        self.created: list[Path] = []  # parent folders made by this claim (removed again on failure)
+        self.writers = command  # who may have left a temporary sibling of ``out`` (named in the warning)
+
+    def _error(self, problem: str, fix: str) -> UserError:
+        return UserError(self.key, repr(str(self.out)), problem, fix)
+
+    def begin(self) -> Path:
+        """Check, then make the temporary sibling (and the missing parent folders); returns the sibling."""
+        self.check()
+        try:
+            self.tmp = make_temporary(self.real, self.created, f"{self.writers} writing {self.out}")
+        except BaseException:
+            self.abandon()
+            raise
+        return self.tmp
+
+    def abandon(self) -> None:
+        """Remove the temporary sibling and the parent folders this claim created."""
+        discard(self.tmp, self.created)
+        self.tmp = None
+
+    @contextmanager
+    def all_or_nothing(self) -> Iterator[Path]:
+        """``begin()``'s folder; then ``commit()``, or on any error (``KeyboardInterrupt`` too) ``abandon()``."""
+        tmp = self.begin()
+        try:
+            yield tmp
+            self.commit()
+        except BaseException:
+            self.abandon()
+            raise
+
+
+class OutputFolder(Claim):
     """One command's claim on its output folder (see the module docstring); ``output_folder`` uses it."""
 
     def __init__(self, out: str | Path, *, command: str, key: str = "--out",
@@ -127,15 +172,8 @@ class OutputFolder:
         if "://" in str(out):  # Path("s3://b/x") is the local folder s3:/b/x; prepare uploads (data/publish.py)
             raise UserError(key, repr(str(out)), f"a URL: {command} writes a local folder", "write it to a local "
                             "folder and copy that to the bucket (only prepare --output takes an s3:// URL)")
-        self.out, self.command, self.key, self.overwrite = Path(out), command, key, overwrite
-        self.inputs = [(k, p) for k, p in inputs if p is not None]
-        self.real = self.out.resolve()
-        self.tmp: Optional[Path] = None
-        self.created: list[Path] = []  # parent folders made by this claim (removed again on failure)
-
-    # -- the checks ---------------------------------------------------------------------------------------
-    def _error(self, problem: str, fix: str) -> UserError:
-        return UserError(self.key, repr(str(self.out)), problem, fix)
+        super().__init__(out, command=command, key=key, inputs=inputs, overwrite=overwrite)
+        self.writers = f"{command} or another command"  # export, import and convert write each other's folders
 
     def check(self) -> Holding:
         """Refuse an output that overlaps an input, is a file, or holds what this command may not replace."""
@@ -166,46 +204,6 @@ class OutputFolder:
                             "removed) or choose another folder")
         return held
 
-    # -- writing ------------------------------------------------------------------------------------------
-    def _sibling(self, kind: str) -> Path:
-        base = self.real.parent / f".{self.real.name}.{kind}-{os.getpid()}"
-        path, n = base, 1
-        while path.exists() or path.is_symlink():
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
-        return path
-
-    def _warn_stale(self) -> None:
-        for path in self.real.parent.iterdir():
-            for kind in ("tmp", "old"):
-                prefix = f".{self.real.name}.{kind}-"
-                pid = path.name[len(prefix):].split("-")[0] if path.name.startswith(prefix) else ""
-                if pid.isdigit() and not _alive(int(pid)):
-                    notice(f"{path}: left by an interrupted {self.command} or another command writing "
-                           f"{self.out} (process {pid} is gone); delete it", "warning")
-
-    def begin(self) -> Path:
-        """Check, then make the temporary sibling (and the missing parent folders); returns the sibling."""
-        self.check()
-        try:
-            missing = [p for p in [self.real.parent, *self.real.parent.parents] if not p.exists()]
-            for parent in reversed(missing):
-                parent.mkdir()
-                self.created.append(parent)
-            self._warn_stale()
-            self.tmp = self._sibling("tmp")
-            try:
-                self.tmp.mkdir()
-            except PermissionError:  # a folder of ours in a parent we may not write to: work inside it
-                if not self.real.is_dir():
-                    raise
-                self.tmp = self.real / f".scalevec.tmp-{os.getpid()}"
-                self.tmp.mkdir()
-        except BaseException:
-            self.abandon()
-            raise
-        return self.tmp
-
     def commit(self) -> list[str]:
         """Move the new entries in place of the old ones; returns the new entries (the manifest last)."""
         assert self.tmp is not None
@@ -221,8 +219,10 @@ class OutputFolder:
         if not self.real.exists():
             os.rename(self.tmp, self.real)
         elif not (held.ours and not held.foreign and self.tmp.parent != self.real and self._swap()):
-            self._move_entries(sorted(held.ours), [*new, MANIFEST])  # the user's files beside ours, an empty
-            #                                                          folder, or one that cannot be renamed
+            inside = self.tmp.parent == self.real  # the user's files beside ours, an empty folder, or one that
+            #                                        cannot be renamed: entry by entry
+            trash = self.real / f".scalevec.old-{os.getpid()}" if inside else free_sibling(self.real, "old")
+            move_in(self.tmp, self.real, sorted(held.ours), [*new, MANIFEST], trash)
         self.tmp = None
         return [*new, MANIFEST]
 
@@ -231,7 +231,7 @@ class OutputFolder:
         ``real`` cannot be renamed (a mount point, a folder in use), with nothing changed."""
         assert self.tmp is not None
         os.chmod(self.tmp, self.real.stat().st_mode & 0o7777)
-        old = self._sibling("old")
+        old = free_sibling(self.real, "old")
         try:
             os.rename(self.real, old)
         except OSError:
@@ -243,45 +243,6 @@ class OutputFolder:
             raise
         _remove(old)
         return True
-
-    def _move_entries(self, old_names: list[str], new_names: list[str]) -> None:
-        assert self.tmp is not None
-        inside = self.tmp.parent == self.real
-        trash = (self.real / f".scalevec.old-{os.getpid()}" if inside else self._sibling("old")) if old_names else None
-        moved_old: list[str] = []
-        moved_new: list[str] = []
-        try:
-            if trash is not None:
-                trash.mkdir()
-            for name in old_names:
-                os.rename(self.real / name, trash / name)
-                moved_old.append(name)
-            for name in new_names:
-                os.rename(self.tmp / name, self.real / name)
-                moved_new.append(name)
-        except BaseException:
-            for name in reversed(moved_new):
-                os.rename(self.real / name, self.tmp / name)
-            for name in reversed(moved_old):
-                os.rename(trash / name, self.real / name)
-            if trash is not None:
-                _remove(trash)
-            raise
-        self.tmp.rmdir()
-        if trash is not None:
-            _remove(trash)
-
-    def abandon(self) -> None:
-        """Remove the temporary sibling and the parent folders this claim created."""
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self.tmp = None
-        for parent in reversed(self.created):  # deepest first
-            try:
-                parent.rmdir()
-            except OSError:
-                break
-        self.created = []
 
 
 def _alive(pid: int) -> bool:
@@ -301,15 +262,89 @@ def _remove(path: Path) -> None:
         notice(f"{path}: the replaced files could not be removed ({err}); delete the folder", "warning")
 
 
+# -- what the folder rule and the file rule (outfile.py) share ---------------------------------------------
+def free_sibling(path: Path, kind: str) -> Path:
+    """A name for a temporary folder beside ``path``: ``.<name>.<kind>-<pid>``, then ``-2``, ``-3``... while
+    that is taken (a file, a folder or a dangling link)."""
+    base = path.parent / f".{path.name}.{kind}-{os.getpid()}"
+    sibling, n = base, 1
+    while sibling.exists() or sibling.is_symlink():
+        n += 1
+        sibling = base.with_name(f"{base.name}-{n}")
+    return sibling
+
+
+def warn_stale(path: Path, what: str) -> None:
+    """Name (``warning:``) the temporary siblings of ``path`` left by a process that is gone (killed outright):
+    ``<sibling>: left by an interrupted <what> (process N is gone); delete it``. They are not deleted."""
+    for kind in ("tmp", "old"):
+        prefix = f".{path.name}.{kind}-"
+        for sibling in path.parent.glob(f"{glob.escape(prefix)}*"):
+            pid = sibling.name[len(prefix):].split("-")[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                notice(f"{sibling}: left by an interrupted {what} (process {pid} is gone); delete it", "warning")
+
+
+def make_temporary(path: Path, created: list[Path], what: str) -> Path:
+    """Make the folders missing above ``path`` (each appended to ``created`` as it is made), name the stale
+    siblings (``warn_stale``), then make and return the temporary sibling; when the parent may not be written
+    to and ``path`` is a folder (an output folder of ours), ``path/.scalevec.tmp-<pid>`` instead."""
+    for parent in reversed([p for p in [path.parent, *path.parent.parents] if not p.exists()]):
+        parent.mkdir()
+        created.append(parent)
+    warn_stale(path, what)
+    tmp = free_sibling(path, "tmp")
+    try:
+        tmp.mkdir()
+    except PermissionError:  # a folder of ours in a parent we may not write to: work inside it
+        if not path.is_dir():
+            raise
+        tmp = path / f".scalevec.tmp-{os.getpid()}"
+        tmp.mkdir()
+    return tmp
+
+
+def move_in(tmp: Path, dest: Path, old: list[str], new: list[str], trash: Path) -> None:
+    """Replace the entries ``old`` of ``dest`` (moved into ``trash``, made when there are any) with the entries
+    ``new`` of ``tmp``, all or nothing (any error undoes each move); then ``tmp`` and ``trash`` are removed."""
+    moved_old, moved_new = [], []
+    try:
+        if old:
+            trash.mkdir()
+        for name in old:
+            os.rename(dest / name, trash / name)
+            moved_old.append(name)
+        for name in new:
+            os.rename(tmp / name, dest / name)
+            moved_new.append(name)
+    except BaseException:
+        for name in reversed(moved_new):
+            os.rename(dest / name, tmp / name)
+        for name in reversed(moved_old):
+            os.rename(trash / name, dest / name)
+        if old:
+            _remove(trash)
+        raise
+    tmp.rmdir()
+    if old:
+        _remove(trash)
+
+
+def discard(tmp: Optional[Path], created: list[Path]) -> None:
+    """Remove ``tmp`` (if any), then the folders in ``created``, deepest first, up to one that is not empty."""
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for parent in reversed(created):
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+    created.clear()
+
+
 @contextmanager
 def output_folder(out: str | Path, *, command: str, key: str = "--out", inputs: Iterable[tuple[str, str | Path]] = (),
                   overwrite: bool = False) -> Iterator[Path]:
     """Write ``out`` all or nothing: yields the temporary folder to write into (see the module docstring)."""
-    claim = OutputFolder(out, command=command, key=key, inputs=inputs, overwrite=overwrite)
-    tmp = claim.begin()
-    try:
+    with OutputFolder(out, command=command, key=key, inputs=inputs, overwrite=overwrite).all_or_nothing() as tmp:
         yield tmp
-        claim.commit()
-    except BaseException:
-        claim.abandon()
-        raise

@@ -22,16 +22,13 @@ Plain Python: must not import torch or Lightning.
 """
 from __future__ import annotations
 
-import glob
 import json
-import os
-import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
-from .errors import UserError, notice
-from .outdir import MANIFEST, DamagedManifest, _alive, _names, refuse_overlap
+from .errors import UserError
+from .outdir import MANIFEST, Claim, DamagedManifest, _names, free_sibling, move_in, read_manifest, refuse_overlap
 
 
 def manifest_of(out: Path) -> Path:
@@ -42,34 +39,17 @@ def manifest_of(out: Path) -> Path:
 def _listed(out: Path) -> tuple[Optional[str], set[str]]:
     """``(command, files it wrote)`` from ``out``'s manifest; ``(None, set())`` when there is none."""
     path = manifest_of(out)
-    if not path.is_file():
-        return None, set()
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise DamagedManifest(path, f"{type(err).__name__}: {str(err)[:120]}") from None
-    files = data.get("files") if isinstance(data, dict) else None
-    command = data.get("command") if isinstance(data, dict) else None
-    if not (isinstance(command, str) and isinstance(files, list) and all(isinstance(f, str) for f in files)):
-        raise DamagedManifest(path, "it does not list a command and its files")
-    return command, {f for f in files if f and "/" not in f and f not in (".", "..")}
+    return read_manifest(path) if path.is_file() else (None, set())
 
 
-class OutputFile:
+class OutputFile(Claim):
     """One command's claim on its output file and the companions beside it (module docstring)."""
 
     def __init__(self, out: str | Path, *, command: str, key: str = "--out",
                  inputs: Iterable[tuple[str, str | Path]] = (), overwrite: bool = False,
                  companions: Iterable[str] = ()) -> None:
-        self.out, self.command, self.key, self.overwrite = Path(out), command, key, overwrite
-        self.inputs = [(k, p) for k, p in inputs if p is not None]
-        self.real = self.out.resolve()
+        super().__init__(out, command=command, key=key, inputs=inputs, overwrite=overwrite)
         self.companions = sorted(set(companions))  # names expected beside out, checked before the work starts
-        self.tmp: Optional[Path] = None
-        self.created: list[Path] = []
-
-    def _error(self, problem: str, fix: str) -> UserError:
-        return UserError(self.key, repr(str(self.out)), problem, fix)
 
     def check(self) -> set[str]:
         """Refuse what this command may not write; returns the names of its earlier files beside ``out``."""
@@ -100,37 +80,6 @@ class OutputFile:
             raise self._error(f"a file beside it, {_names(clash)}, was not written by {self.command} and would have "
                               "to be replaced", "move it away or choose another --out")
 
-    def _warn_stale(self) -> None:
-        """Name the temporary folders of a killed run (SIGKILL) writing ``out``; they are not deleted."""
-        for kind in ("tmp", "old"):
-            prefix = f".{self.real.name}.{kind}-"
-            for path in self.real.parent.glob(f"{glob.escape(prefix)}*"):
-                pid = path.name[len(prefix):].split("-")[0]
-                if pid.isdigit() and not _alive(int(pid)):
-                    notice(f"{path}: left by an interrupted {self.command} writing {self.out} (process {pid} is "
-                           "gone); delete it", "warning")
-
-    def begin(self) -> Path:
-        """Check, then make the temporary sibling folder (and the missing parent folders)."""
-        self.check()
-        try:
-            missing = [p for p in [self.real.parent, *self.real.parent.parents] if not p.exists()]
-            for parent in reversed(missing):
-                parent.mkdir()
-                self.created.append(parent)
-            self._warn_stale()
-            base = self.real.parent / f".{self.real.name}.tmp-{os.getpid()}"
-            path, n = base, 1
-            while path.exists() or path.is_symlink():
-                n += 1
-                path = base.with_name(f"{base.name}-{n}")
-            path.mkdir()
-            self.tmp = path
-        except BaseException:
-            self.abandon()
-            raise
-        return self.tmp
-
     def commit(self) -> list[str]:
         """Move the new files in place of the old ones; returns the names written (the manifest last)."""
         assert self.tmp is not None
@@ -141,39 +90,10 @@ class OutputFile:
         (self.tmp / manifest.name).write_text(json.dumps(
             {"command": self.command, "files": new, "note": f"written by scalevec_lit {self.command}; a later "
              f"{self.command} --overwrite of {self.real.name} removes exactly these files and nothing else"}, indent=2))
-        trash = self.tmp.with_name(self.tmp.name.replace(".tmp-", ".old-", 1))
         old = sorted(ours | ({manifest.name} if manifest.exists() else set()))
-        moved_old, moved_new = [], []
-        try:
-            trash.mkdir()
-            for name in old:
-                os.rename(self.real.parent / name, trash / name)
-                moved_old.append(name)
-            for name in [*new, manifest.name]:
-                os.rename(self.tmp / name, self.real.parent / name)
-                moved_new.append(name)
-        except BaseException:
-            for name in reversed(moved_new):
-                os.rename(self.real.parent / name, self.tmp / name)
-            for name in reversed(moved_old):
-                os.rename(trash / name, self.real.parent / name)
-            shutil.rmtree(trash, ignore_errors=True)
-            raise
-        shutil.rmtree(trash, ignore_errors=True)
-        self.tmp.rmdir()
+        move_in(self.tmp, self.real.parent, old, [*new, manifest.name], free_sibling(self.real, "old"))
         self.tmp = None
         return [*new, manifest.name]
-
-    def abandon(self) -> None:
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self.tmp = None
-        for parent in reversed(self.created):
-            try:
-                parent.rmdir()
-            except OSError:
-                break
-        self.created = []
 
 
 @contextmanager
@@ -181,10 +101,5 @@ def output_file(out: str | Path, *, command: str, key: str = "--out", inputs: It
                 overwrite: bool = False, companions: Iterable[str] = ()) -> Iterator[Path]:
     """Write ``out`` and its companions all or nothing: yields the temporary folder to write them into."""
     claim = OutputFile(out, command=command, key=key, inputs=inputs, overwrite=overwrite, companions=companions)
-    tmp = claim.begin()
-    try:
+    with claim.all_or_nothing() as tmp:
         yield tmp
-        claim.commit()
-    except BaseException:
-        claim.abandon()
-        raise
