@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 from .errors import UserError, notice
+from .processes import alive
 
 MANIFEST = ".scalevec_manifest.json"
 #: manifests of older versions: file name -> (command, the entries it wrote when the file lists none)
@@ -245,16 +246,6 @@ class OutputFolder(Claim):
         return True
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, another user's
-        return True
-    return True
-
-
 def _remove(path: Path) -> None:
     try:
         shutil.rmtree(path)
@@ -281,7 +272,7 @@ def warn_stale(path: Path, what: str) -> None:
         prefix = f".{path.name}.{kind}-"
         for sibling in path.parent.glob(f"{glob.escape(prefix)}*"):
             pid = sibling.name[len(prefix):].split("-")[0]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not alive(int(pid)):
                 notice(f"{sibling}: left by an interrupted {what} (process {pid} is gone); delete it", "warning")
 
 

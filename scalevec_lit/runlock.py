@@ -25,24 +25,10 @@ from pathlib import Path
 from typing import Optional
 
 from .errors import RunError, UserError, notice
+from .processes import alive
 
 LOCK = "run.lock"
 NOT_RESUME_POINTS = ("nonfinite.ckpt",)  # post-mortem files, never resumed from
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if Path(f"/proc/{pid}/stat").is_file():  # a zombie (killed, not yet reaped) is not running
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
-        except (OSError, IndexError):
-            return True
-    return True
 
 
 def _proc_start(pid: int) -> Optional[str]:
@@ -60,7 +46,7 @@ def _proc_start(pid: int) -> Optional[str]:
 def _holder_running(held: dict) -> tuple[bool, str]:
     """Whether the run that wrote ``held`` still runs, and why not (``""`` when it does)."""
     pid = int(held.get("pid", -1))
-    if not _alive(pid):
+    if not alive(pid):
         return False, f"(pid {held.get('pid')})"
     recorded, now = held.get("proc_start"), _proc_start(pid)
     if recorded and now and recorded != now:

@@ -27,16 +27,16 @@ def test_a_taken_sibling_name_gets_the_next_number(tmp_path):
 def test_only_the_siblings_of_a_process_that_is_gone_are_named(tmp_path, capfd):
     out = tmp_path / "model"
     for name in [".model.tmp-999999999", ".model.old-999999998-2", f".model.tmp-{PID}", ".model.tmp-x1",
-                 ".other.tmp-999999999", ".model.tmp-999999997"]:
+                 ".other.tmp-999999999", ".model.tmp-999999997", ".model.old-99999999999999999999"]:
         (tmp_path / name).mkdir()
     (tmp_path / ".model.tmp-999999997" / "part").write_text("half")
     warn_stale(out, "export writing here")
     lines = sorted(capfd.readouterr().err.splitlines())
-    assert lines == [f"warning: {tmp_path / name}: left by an interrupted export writing here (process {pid} is gone); "
-                     "delete it" for name, pid in [(".model.old-999999998-2", 999999998),
-                                                   (".model.tmp-999999997", 999999997),
-                                                   (".model.tmp-999999999", 999999999)]]
-    assert len(list(tmp_path.iterdir())) == 6  # named, never deleted
+    gone = [(".model.old-99999999999999999999", 99999999999999999999), (".model.old-999999998-2", 999999998),
+            (".model.tmp-999999997", 999999997), (".model.tmp-999999999", 999999999)]  # past any pid; gone
+    assert lines == sorted(f"warning: {tmp_path / name}: left by an interrupted export writing here (process {pid} "
+                           "is gone); delete it" for name, pid in gone)
+    assert len(list(tmp_path.iterdir())) == 7  # named, never deleted
 
 
 def test_the_parent_folders_made_are_removed_again_up_to_one_in_use(tmp_path):

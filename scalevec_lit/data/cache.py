@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from ..processes import alive
 from .remote import Remote, join
 
 #: where remote prepared folders are cached when ``data.cache_dir`` is not set
@@ -74,18 +75,8 @@ def _remove_stale(root: Path) -> None:
     """Remove ``*.tmp.<pid>`` downloads of processes that are gone."""
     for tmp in root.rglob("*.tmp.*"):
         pid = tmp.name.rsplit(".", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             tmp.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def mirror(remote: Remote, cache_dir: Optional[str] = None) -> tuple[Path, dict, dict[str, int]]:
