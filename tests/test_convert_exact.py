@@ -17,19 +17,9 @@ from scalevec_lit.hub import convert as hub_convert
 from scalevec_lit.hub.convert import convert_model, tolerance
 from scalevec_lit.model import Transformer
 from scalevec_lit.scale import ScaleStrategy, ScaleVector, scale_parameters
-from extensions.scales import SquareScale
+from extensions.scales import RootScale, SquareScale
 
 CFG = dict(vocab_size=128, n_embd=32, n_head=4, n_kv_head=2, intermediate_size=48)
-
-
-class RootScale(SquareScale):
-    """γ = w² with its inverse w = √γ (γ ≥ 0 only)."""
-
-    def set_gamma_(self, gamma: torch.Tensor) -> bool:
-        if bool((gamma < 0).any()):
-            return False
-        self.scale.copy_(gamma.sqrt())
-        return True
 
 
 def _model(strategy: ScaleStrategy, dtype=torch.float64, sign: float = 1.0) -> Transformer:

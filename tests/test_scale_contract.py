@@ -19,7 +19,7 @@ from scalevec_lit.scale import (
     PlainScale, ScaleStrategy, ScaleVector, UnitOffsetScale,
 )
 from scalevec_lit.scale.convert import set_scale_
-from extensions.scales import SquareScale
+from extensions.scales import RootScale, SquareScale
 
 SHIPPED = [NoScale, PlainScale, UnitOffsetScale, DirectionScale, MagnitudeDirectionScale, ExpMagnitudeDirectionScale]
 EPS = torch.finfo(torch.float64).eps
@@ -61,17 +61,9 @@ class WrongInverseScale(SquareScale):
         return True
 
 
-class SqrtInverseScale(SquareScale):
-    def set_gamma_(self, gamma: torch.Tensor) -> bool:
-        if bool((gamma < 0).any()):
-            return False
-        self.scale.copy_(gamma.sqrt())
-        return True
-
-
 def test_a_class_without_an_inverse_says_so_by_name():
     vec = SquareScale(4)
-    assert not SquareScale.invertible() and SqrtInverseScale.invertible()
+    assert not SquareScale.invertible() and RootScale.invertible()
     with pytest.raises(NoInverse, match=r"^extensions\.scales\.SquareScale has no inverse \(ScaleVector\.set_gamma_\)"
                                         r": nothing can set it to a given γ; implement set_gamma_\(gamma\) -> bool"):
         set_scale_(vec, torch.full((4,), 2.0))
@@ -84,7 +76,7 @@ def test_an_inverse_that_does_not_produce_gamma_is_caught_and_undone():
                                          r"the vector then produces a γ off by 2; fix its inverse"):
         set_scale_(vec, torch.full((4,), 2.0, dtype=torch.float64))
     assert torch.equal(vec(), torch.ones(4, dtype=torch.float64))
-    good = SqrtInverseScale(4).double()
+    good = RootScale(4).double()
     assert set_scale_(good, torch.full((4,), 2.0, dtype=torch.float64))
     assert not set_scale_(good, torch.tensor([1.0, -1.0, 1.0, 1.0], dtype=torch.float64))
     assert _rel(good(), torch.full((4,), 2.0, dtype=torch.float64)) <= 4 * EPS

@@ -2,7 +2,8 @@
 
 - ``SoftplusScale``: ``γ = softplus(w) / softplus(0)`` (positive, starts at 1), with its inverse (``set_gamma_``),
   so ``convert`` to it is exact;
-- ``TanhScale``: ``γ = 1 + tanh(w)``, without an inverse: ``convert`` to it is refused by name.
+- ``TanhScale``: ``γ = 1 + tanh(w)``, without an inverse: ``convert`` to it is refused by name;
+- ``SquareScale``: ``γ = w²``, without an inverse; ``RootScale``: the same with its inverse ``w = √γ``.
 """
 from __future__ import annotations
 
@@ -61,3 +62,13 @@ class SquareScale(ScaleVector):
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.scale)
+
+
+class RootScale(SquareScale):
+    """``SquareScale`` with its inverse ``w = √γ``: a γ < 0 is refused (``False``, nothing changed)."""
+
+    def set_gamma_(self, gamma: torch.Tensor) -> bool:
+        if bool((gamma < 0).any()):
+            return False
+        self.scale.copy_(gamma.sqrt())
+        return True
