@@ -4,7 +4,6 @@ Plain torch only: must not import Lightning.
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -39,7 +38,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         d, hd = config.n_embd, config.head_dim
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, hd
-        self.init_std, self.out_std = config.init_std, config.init_std / math.sqrt(2 * config.n_layer)
+        self.init_std, self.out_std = config.init_std, config.residual_init_std
         o = nn.Linear(self.n_head * hd, d, bias=False)  # registered after the site (the state dict's order)
         self.input = None if not with_input else NormSite(
             d,

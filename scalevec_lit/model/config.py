@@ -7,6 +7,7 @@ Plain torch only: must not import Lightning.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal, Optional
 
@@ -101,6 +102,12 @@ class TransformerConfig:
             raise ValueError(
                 f"model.config.moe.top_k: {self.moe.top_k} must be between 1 and num_experts={self.moe.num_experts}"
             )
+
+    @property
+    def residual_init_std(self) -> float:
+        """The initial std of a matrix that writes into the residual stream (W_o, W_down, the experts' down
+        maps, a user sublayer's output map): ``init_std / √(2 n_layer)``, GPT-2's depth scaling."""
+        return self.init_std / math.sqrt(2 * self.n_layer)
 
     @classmethod
     def unresolved(cls, **values) -> "TransformerConfig":

@@ -4,7 +4,6 @@ Plain torch only: must not import Lightning.
 """
 from __future__ import annotations
 
-import math
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,7 +35,7 @@ class SwiGLU(nn.Module):
     def __init__(self, config: TransformerConfig, layer: int, strategy: ScaleStrategy, *, with_input: bool = True) -> None:
         super().__init__()
         d, f = config.n_embd, config.intermediate_size
-        self.out_std = config.init_std / math.sqrt(2 * config.n_layer)
+        self.out_std = config.residual_init_std
         down = nn.Linear(f, d, bias=False)  # registered after the site (the state dict's order)
         self.input = None if not with_input else NormSite(
             d, (Branch("gate", f), Branch("up", f, absorbed_downstream=True)),

@@ -86,7 +86,7 @@ class MoE(nn.Module):
         self.score, self.route_norm, self.matmul_mode = moe.router, moe.route_norm, moe.expert_matmul
         self.aux_loss_coef, self.z_loss_coef = moe.aux_loss_coef, moe.z_loss_coef
         self.bias_balancing, self.bias_update_rate = moe.bias_balancing, moe.bias_update_rate
-        self.depth_std = config.init_std / math.sqrt(2 * config.n_layer)
+        self.depth_std = config.residual_init_std
         fs = moe.num_shared_experts * f
         branches = [Branch("router", E), Branch("gate", f, experts=E), Branch("up", f, experts=E, absorbed_downstream=True)]
         if fs:

@@ -13,8 +13,6 @@
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -67,7 +65,7 @@ class GeluMLP(nn.Module):
     def __init__(self, config, layer, strategy) -> None:
         super().__init__()
         hidden = 4 * config.n_embd
-        self.out_std = config.init_std / math.sqrt(2 * config.n_layer)
+        self.out_std = config.residual_init_std
         self.input = NormSite(config.n_embd, [Branch("fc", hidden)], strategy, layer=layer, site="mlp_input",
                               init_std=config.init_std)
         self.down = nn.Linear(hidden, config.n_embd, bias=False)
