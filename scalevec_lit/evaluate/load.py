@@ -13,10 +13,9 @@ Plain torch (+ tokenizers, safetensors): must not import Lightning or lm-eval.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from ..checkpoint import ExportError
-from ..checkpoint.forms import open_model
+from ..checkpoint import ExportError, open_model
 from ..errors import UserError
 
 KEY = "--ckpt_path"
@@ -26,22 +25,18 @@ WHAT = ("give a .ckpt of fit, a distributed checkpoint folder, a native export f
 
 def load_for_evaluation(path: str | Path, tokenizer: Optional[str | Path] = None):
     """``(model in eval mode (fp32, CPU), Tokenizer, a line saying what was loaded)``."""
-    from ..data.tokenizer import Tokenizer
-    from ..export.tokenizer import find_tokenizer
-
     p = Path(path)
     if not p.exists():
         raise UserError(KEY, str(path), "does not exist", WHAT)
     try:
         opened = open_model(p)
         if opened.architecture is None:
-            found, note = find_tokenizer(p, None if tokenizer is None else str(tokenizer), recorded=opened.tokenizer)
-            tok = Tokenizer(found, key="--tokenizer")
+            tok, note = _recorded_tokenizer(p, tokenizer, opened.tokenizer)
     except ExportError as err:  # the checkpoint reader's messages name export's flag
         raise ExportError(str(err).replace("--ckpt:", f"{KEY}:", 1)) from None
-    model = opened.model
     if opened.architecture is not None:
         tok = _folder_tokenizer(p, tokenizer)
+    model = opened.model
     if tok.vocab_size > model.config.vocab_size:
         raise UserError("--tokenizer", str(tok.path), f"has {tok.vocab_size} tokens, more than the model's vocabulary "
                         f"({model.config.vocab_size})", "pass the tokenizer.json the model was trained with")
@@ -50,6 +45,15 @@ def load_for_evaluation(path: str | Path, tokenizer: Optional[str | Path] = None
         return model, tok, (f"{p}: Hugging Face {opened.architecture}, {params:,} parameters (imported in memory); "
                             f"tokenizer: {tok.path}")
     return model, tok, f"{p}: native checkpoint, {params:,} parameters; tokenizer: {note}"
+
+
+def _recorded_tokenizer(ckpt: Path, tokenizer: Optional[str | Path], recorded: Any):
+    """``(Tokenizer, where it came from)`` of a checkpoint: the one it records, or ``--tokenizer`` when the same."""
+    from ..data.tokenizer import Tokenizer
+    from ..export.tokenizer import find_tokenizer
+
+    found, note = find_tokenizer(ckpt, None if tokenizer is None else str(tokenizer), recorded=recorded)
+    return Tokenizer(found, key="--tokenizer"), note
 
 
 def _folder_tokenizer(folder: Path, tokenizer: Optional[str | Path]):

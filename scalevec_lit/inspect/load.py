@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from scalevec_lit.checkpoint.forms import open_model
+from scalevec_lit.checkpoint import open_model
 from scalevec_lit.checkpoint.hf import importable
 from scalevec_lit.errors import UserError, exit_code_for, one_paragraph
 from scalevec_lit.model.spec import strategy_from_dict
