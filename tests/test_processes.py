@@ -18,6 +18,7 @@ def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][:1]
 
 
+@pytest.mark.slow  # starts a process (under a second)
 def test_a_running_process_runs_and_an_ended_one_does_not():
     assert alive(os.getpid())
     child = subprocess.Popen(["sleep", "30"])
