@@ -8,9 +8,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # workers for pytest-xdist; `--dist loadfile` keeps a file's tests on one worker, so a module fixture (one fit
-# read by several tests) is built once
+# read by several tests) is built once; `--no-loadscope-reorder` hands out the files in the order
+# tests/conftest.py gives them (heaviest first) rather than xdist's (most tests first)
 PYTEST_WORKERS ?= auto
-PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: fit test test-fast install prepare clean tensorboard benchmark
 

@@ -29,6 +29,31 @@ def pytest_configure(config):
             tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}", f"xdist_{worker}"))
 
 
+# What each of the heavier test files cost (setup + call + teardown of its tests, seconds) in the run of
+# 2026-12-05 recorded in docs/development.md: only the order matters. A file not listed costs less than 20 s.
+FILE_COST = {
+    "test_compile.py": 727, "test_scale.py": 633, "test_resume.py": 293, "test_cli.py": 285,
+    "test_global_batch.py": 212, "test_reshard_resume.py": 165, "test_moe_compile.py": 156,
+    "test_study_exit.py": 137, "test_study.py": 124, "test_bad_input.py": 118, "test_remote_fit.py": 113,
+    "test_signals.py": 108, "test_extension_suite.py": 105, "test_study_endpoint.py": 100,
+    "test_restart_policy.py": 99, "test_distributed.py": 88, "test_exit_codes.py": 79, "test_plan_memory.py": 73,
+    "test_installed.py": 70, "test_moe_model.py": 69, "test_callbacks.py": 62, "test_remote_data.py": 62,
+    "test_study_loggers.py": 62, "test_extensions.py": 54, "test_lost_rank.py": 53, "test_downstream_eval.py": 51,
+    "test_export_files.py": 49, "test_generate.py": 48, "test_compile_memory.py": 42, "test_async_checkpoint.py": 41,
+    "test_study_estimate.py": 37, "test_evaluate_ranks.py": 35, "test_compile_report.py": 31,
+    "test_model.py": 25, "test_output_folders.py": 23, "test_optim.py": 23, "test_first_run.py": 20,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, the files heaviest first (``FILE_COST``; the others after them, in their order),
+    a file's own tests in their order. ``make test`` hands whole files to the workers in this order
+    (``--dist loadfile --no-loadscope-reorder``): a long file started last would keep one worker busy while
+    the other has nothing left to do; started first, the short files fill in around it."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: -FILE_COST.get(item.path.name, 0))  # stable: the rest keeps its order
+
+
 @pytest.fixture(scope="session")
 def prepared_data(tmp_path_factory) -> Path:
     """The embedded Shakespeare corpus, tokenized with the embedded tokenizer, in a temp folder."""
