@@ -6,10 +6,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import lightning.pytorch  # noqa: F401 - here, not inside a test: see below
 import pytest
 import torch
 
 from helpers import ROOT, file_hashes
+
+# Lightning gives its loggers a StreamHandler bound to sys.stderr as it is when Lightning is first imported. Imported
+# first inside a test that captures output (capfd, capsys), the handler would keep that test's capture stream, which
+# pytest closes after it: every later message of Lightning ("Seed set to 42") then prints a logging traceback into the
+# next tests' output. Imported here, the handler keeps the session's stream.
 
 
 def pytest_configure(config):
