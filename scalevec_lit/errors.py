@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 from .notices import is_rank_zero, notice  # noqa: F401 - the notices live one level down (stopsignal.py prints them too)
 
@@ -110,6 +110,23 @@ def report(err: BaseException) -> int:
     return code
 
 
+def leave(err: BaseException, debug: bool = False) -> NoReturn:
+    """Print ``err`` as one paragraph (its traceback first with ``debug``), flush, and end the process with its
+    exit code by ``os._exit``: for an error after which the interpreter must not exit normally (a lost peer:
+    ``PeerLostError`` in ``lit/peers.py`` says why)."""
+    if debug:
+        import traceback
+
+        traceback.print_exception(err)
+    code = report(err)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: the line is all that could be written
+            pass
+    os._exit(code)
+
+
 def run_guarded(fn: Callable[[list[str]], Any], argv: list[str]) -> Any:
     """Call ``fn(argv without --debug)``; turn any exception into one paragraph and ``SystemExit(code)``, and a
     stop signal at any moment into one line and ``SystemExit(128 + signal)`` (``stopsignal.py``)."""
@@ -141,6 +158,8 @@ def run_guarded(fn: Callable[[list[str]], Any], argv: list[str]) -> Any:
         print(f"error: {stop}", file=sys.stderr, flush=True)
         raise SystemExit(stop.exit_code) from None
     except BaseException as err:  # noqa: BLE001 - the point of this function
+        if getattr(err, "leave_at_once", False):
+            leave(err, debug)
         if debug:
             raise
         raise fail(err) from None

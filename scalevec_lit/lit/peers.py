@@ -18,6 +18,16 @@ When a collective fails (``translate``), the ranks that stopped beating are name
 for a short window (three heartbeat intervals), so only the lost ones fall silent. A rank that finishes or
 fails on its own marks itself done first, so that it is never reported as lost.
 
+How a survivor leaves: after its one line, by ``os._exit(75)`` (streams flushed) on both paths, the watchdog's
+and the main thread's (``PeerLostError.leave_at_once``, ``errors.run_guarded``). A normal interpreter exit is
+not safe then: the process group is broken (NCCL's teardown may hang on a lost peer), and a Python thread that
+returns from a C++ call (the watchdog in a store call) while the interpreter finalizes is ended by
+``pthread_exit``, whose unwinding through C++ aborts the process (``terminate called without an active
+exception``, exit -6 instead of 75). Nothing is lost by leaving at once: the checkpoint callback's
+``on_exception`` has already waited for a one-file asynchronous write in flight, and a distributed (DCP) one is
+left as ``<name>.tmp`` on purpose (``callbacks/_async_write.py``). Every other end of ``fit`` goes through
+``finish``, which waits for the watchdog to leave its store call before the interpreter exits.
+
 What a lost peer leaves: the newest complete checkpoint. The step in flight is not saved: under FSDP2 the
 survivors hold only their shards; under DDP rank 0 holds a full copy of the weights and optimizer state, but
 the data position and the loop's counters are only consistent between steps, and writing them needs
@@ -53,9 +63,10 @@ _reported = False
 
 
 class PeerLostError(RunError):
-    """Another rank of this run is gone (exit 75)."""
+    """Another rank of this run is gone (exit 75): after its line the process leaves at once (module docstring)."""
 
     exit_code = PEER_LOST_EXIT
+    leave_at_once = True
 
 
 def heartbeat_interval(timeout: float) -> float:
@@ -106,6 +117,7 @@ class PeerWatch(Callback):
     def __init__(self, timeout: float = DEFAULT_PEER_TIMEOUT) -> None:
         self.timeout = float(timeout)
         self.interval = heartbeat_interval(self.timeout)
+        self.store_timeout = max(self.interval * 2, 5.0)  # of one store call (its own connection)
         self.step = 0
         self.rank, self.world = 0, 1
         self._seen: dict[int, tuple[int, float]] = {}  # peer -> (counter, local time it last moved)
@@ -124,7 +136,7 @@ class PeerWatch(Callback):
             return
         self.rank, self.world, self._trainer = dist.get_rank(), dist.get_world_size(), trainer
         try:
-            self._store = _store_client(max(self.interval * 2, 5.0))
+            self._store = _store_client(self.store_timeout)
         except Exception as err:  # noqa: BLE001 - the process group's timeout still bounds a wait
             from ..notices import notice
 
@@ -219,7 +231,9 @@ class PeerWatch(Callback):
         return f"the newest checkpoint is step {saved} ({path}), the steps after it are lost"
 
     def finish(self) -> None:
-        """This rank stops on its own: mark it done (never reported as lost) and stop watching."""
+        """This rank stops on its own: mark it done (never reported as lost), stop watching, and wait for the
+        watchdog to leave the store call it may be in (one call's timeout at most: a failed call ends its poll).
+        A daemon thread still in C++ when the interpreter finalizes aborts the process (module docstring)."""
         global _active
         if self._store is not None and not self._stop.is_set():
             try:
@@ -227,6 +241,8 @@ class PeerWatch(Callback):
             except Exception:  # noqa: BLE001 - the store's host may be gone already
                 pass
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(self.store_timeout + 1.0)
         if _active is self:
             _active = None
 

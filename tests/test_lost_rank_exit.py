@@ -1,0 +1,116 @@
+"""How a rank that lost a peer leaves: exit 75 after its one line, whatever the watchdog thread is doing.
+
+A whole-suite run once saw the survivor of ``test_lost_rank.py``'s SIGKILL case print its line, then
+``terminate called without an active exception`` and die with -6: its main thread had named the lost rank
+and left through a normal interpreter exit while the watchdog thread was inside a store call (C++, the GIL
+released); returning from it while the interpreter finalized ended that thread by ``pthread_exit``, whose
+unwinding through C++ aborts. Here the watchdog is held in a store call (a ``wait`` for a key that never
+comes, 2 s) and the interpreter's teardown takes 3 s (an object whose ``__del__`` sleeps, as a loaded
+machine's teardown of torch and Lightning may): the overlap that was a race is certain.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from helpers import ROOT
+from scalevec_lit.lit import peers
+
+SURVIVOR = """
+import sys, time
+from datetime import timedelta
+import torch.distributed as dist
+from scalevec_lit.errors import run_guarded
+from scalevec_lit.lit import peers
+
+server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+client = dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False,
+                       timeout=timedelta(seconds=5))
+watch = peers.PeerWatch(2.0)  # a poll every 0.2 s
+watch.rank, watch.world, watch._store = 0, 2, dist.PrefixStore("run", client)
+watch._seen = {1: (-1, time.monotonic())}
+# the watchdog's next store call, in flight for 2 s (a connection of its own: a call on the shared one would make
+# finish()'s mark wait for it, which hides the race only as long as the watchdog has no further call to make)
+slow = dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=5))
+watch._beat = lambda: slow.wait(["never"], timedelta(seconds=2))
+watch.name_lost = lambda: ([1], "its process ended (killed by SIGKILL)")
+
+
+class SlowTeardown:
+    def __del__(self, sleep=time.sleep):  # module globals are gone by then
+        print("teardown ran", flush=True)
+        sleep(3)
+
+
+teardown = SlowTeardown()
+
+
+def fit(argv):
+    watch._thread = peers.threading.Thread(target=watch._run, daemon=True)
+    watch._thread.start()
+    peers._active = watch
+    time.sleep(0.6)  # the watchdog is in its store call now
+    with peers.translate():
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Read error: Connection reset by peer")
+
+
+run_guarded(fit, sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("debug", [False, True])
+def test_the_main_thread_leaves_with_75_while_the_watchdog_is_in_a_store_call(tmp_path, debug):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-c", SURVIVOR, *(["--debug"] if debug else [])], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode == 75, out[-3000:]
+    assert "terminate called" not in out and "teardown ran" not in out, out[-3000:]  # left at once
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: rank 1: lost at step 0: its process ended (killed by SIGKILL); this rank stopped (exit 75); no "
+        "checkpoint was written yet; resume with the same command and --ckpt_path last (launch/torchrun_fit.sh "
+        "restarts by itself, MAX_RESTARTS times); a slow but healthy cluster needs a larger --peer_timeout "
+        "(seconds)"], out[-3000:]
+    # --debug: the traceback (the collective's failure, then the line's error) before the line, still exit 75
+    assert ("Traceback" in out) is debug and ("Connection reset by peer" in out) is debug, out[-3000:]
+
+
+def test_finish_waits_for_the_watchdog_to_leave_its_store_call():
+    """Every other end of fit (done, an error of its own, a stop signal) exits normally: the watchdog must not
+    be in C++ then, so ``finish`` waits for it (a store call's timeout at most)."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+    watch = peers.PeerWatch(2.0)
+    watch.rank, watch.world, watch._store = 0, 2, dist.PrefixStore("finish", server)
+    watch._seen = {1: (-1, time.monotonic())}
+    other = dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))  # its own connection: see SURVIVOR
+    calls = []
+
+    def slow_beat():
+        calls.append(time.monotonic())
+        other.wait(["never"], timedelta(seconds=0.8))  # raises after 0.8 s: the poll fails, the loop ends
+
+    watch._beat = slow_beat
+    watch._thread = threading.Thread(target=watch._run, daemon=True)
+    watch._thread.start()
+    try:
+        while not calls:
+            time.sleep(0.02)
+        start = time.monotonic()
+        watch.finish()
+        assert not watch._thread.is_alive()
+        assert 0.3 < time.monotonic() - start < 6.0  # it waited for the call, and no longer than its timeout + 1 s
+        assert watch.store_timeout == 5.0
+        assert len(calls) == 1 and server.add("finish/done/0", 0) == 1
+    finally:  # a failure here must not leave the thread in its call when pytest exits (the abort itself)
+        watch._stop.set()
+        watch._thread.join(5)
