@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 import torch.distributed as dist
@@ -26,6 +27,7 @@ from scalevec_lit.lit import peers
 SURVIVOR = """
 import sys, time
 from datetime import timedelta
+from types import SimpleNamespace
 import torch.distributed as dist
 from scalevec_lit.errors import run_guarded
 from scalevec_lit.lit import peers
@@ -114,3 +116,26 @@ def test_finish_waits_for_the_watchdog_to_leave_its_store_call():
     finally:  # a failure here must not leave the thread in its call when pytest exits (the abort itself)
         watch._stop.set()
         watch._thread.join(5)
+
+
+def test_the_watchdog_completes_a_one_file_write_before_its_line_and_exit(monkeypatch, capsys):
+    """The watchdog leaves while the main thread is blocked in a collective: a one-file checkpoint being written
+    in the background (its step already recorded) is completed first, so the line's checkpoint exists."""
+    events = []
+
+    class Checkpoints:
+        last_model_path, _last_global_step_saved = "c/last.ckpt", 6
+
+        def wait_for_writes(self, trainer, raise_error=True, distributed=True):
+            events.append(("wait", trainer is watch._trainer, raise_error, distributed))
+
+    watch = peers.PeerWatch(4.0)
+    watch._trainer = SimpleNamespace(checkpoint_callback=Checkpoints())
+    watch.step = 7
+    monkeypatch.setattr(peers, "_reported", False)
+    monkeypatch.setattr(peers.os, "_exit", lambda code: events.append(("exit", code)))
+    watch._lost_now([1], "no heartbeat for 4 s (killed, stopped, or its node is down)")
+    assert events == [("wait", True, False, False), ("exit", 75)]  # a distributed write is not waited for
+    assert capsys.readouterr().err.startswith(
+        "error: rank 1: lost at step 7: no heartbeat for 4 s (killed, stopped, or its node is down); this rank "
+        "stopped (exit 75); the newest checkpoint is step 6 (c/last.ckpt), the steps after it are lost; resume")

@@ -18,15 +18,13 @@ When a collective fails (``translate``), the ranks that stopped beating are name
 for a short window (three heartbeat intervals), so only the lost ones fall silent. A rank that finishes or
 fails on its own marks itself done first, so that it is never reported as lost.
 
-How a survivor leaves: after its one line, by ``os._exit(75)`` (streams flushed) on both paths, the watchdog's
-and the main thread's (``PeerLostError.leave_at_once``, ``errors.run_guarded``). A normal interpreter exit is
-not safe then: the process group is broken (NCCL's teardown may hang on a lost peer), and a Python thread that
-returns from a C++ call (the watchdog in a store call) while the interpreter finalizes is ended by
-``pthread_exit``, whose unwinding through C++ aborts the process (``terminate called without an active
-exception``, exit -6 instead of 75). Nothing is lost by leaving at once: the checkpoint callback's
-``on_exception`` has already waited for a one-file asynchronous write in flight, and a distributed (DCP) one is
-left as ``<name>.tmp`` on purpose (``callbacks/_async_write.py``). Every other end of ``fit`` goes through
-``finish``, which waits for the watchdog to leave its store call before the interpreter exits.
+How a survivor leaves: after its one line, by ``os._exit(75)`` (streams flushed), from the watchdog or the main
+thread (``PeerLostError.leave_at_once``, ``errors.leave``). A normal exit is not safe with a broken process group
+(NCCL's teardown may hang), and a thread returning from C++ (the watchdog in a store call) while the interpreter
+finalizes is ended by ``pthread_exit``, which aborts (``terminate called without an active exception``, -6).
+Before the line, a one-file checkpoint being written in the background is completed (the checkpoint callback's
+``on_exception`` on the main thread, ``_finish_writes`` on the watchdog's); a distributed one stays ``.tmp``.
+Any other end of ``fit`` goes through ``finish``, which waits for the watchdog to leave its store call.
 
 What a lost peer leaves: the newest complete checkpoint. The step in flight is not saved: under FSDP2 the
 survivors hold only their shards; under DDP rank 0 holds a full copy of the weights and optimizer state, but
@@ -41,7 +39,7 @@ import signal
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import Iterator, Optional
 
@@ -214,12 +212,20 @@ class PeerWatch(Callback):
         """From the watchdog thread: the main thread may be blocked in a collective; print and leave."""
         if self._stop.is_set():
             return
+        self._finish_writes()
         newest = self._newest_checkpoint()
         host = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
         if say(lost_error(lost, self.step, how, newest) if lost else
                unnamed_error(self.step, how, f"its host {host}, torchrun's agent on the first node, is down or stopped",
                              newest)):
             os._exit(PEER_LOST_EXIT)
+
+    def _finish_writes(self) -> None:
+        """A one-file checkpoint being written in the background is completed: the line names it (its step is
+        recorded when the write starts), and it needs no other rank."""
+        wait = getattr(getattr(self._trainer, "checkpoint_callback", None), "wait_for_writes", None)
+        with suppress(Exception):  # the line matters more than that write
+            wait and wait(self._trainer, raise_error=False, distributed=False)
 
     def _newest_checkpoint(self) -> str:
         """What is kept: the newest checkpoint's step and file (the steps after it are lost)."""
@@ -232,14 +238,11 @@ class PeerWatch(Callback):
 
     def finish(self) -> None:
         """This rank stops on its own: mark it done (never reported as lost), stop watching, and wait for the
-        watchdog to leave the store call it may be in (one call's timeout at most: a failed call ends its poll).
-        A daemon thread still in C++ when the interpreter finalizes aborts the process (module docstring)."""
+        watchdog to leave the store call it may be in (module docstring; a failed call ends its poll)."""
         global _active
         if self._store is not None and not self._stop.is_set():
-            try:
+            with suppress(Exception):  # the store's host may be gone already
                 self._store.add(f"done/{self.rank}", 1)
-            except Exception:  # noqa: BLE001 - the store's host may be gone already
-                pass
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(self.store_timeout + 1.0)
