@@ -8,6 +8,8 @@ Every user error is printed as one paragraph on stderr,
 - 1 for a failure at run time (``RunError``, a corrupt checkpoint, a non-finite loss, an ``OSError``),
 - 128 + the signal number after a stop by SIGINT/SIGTERM/SIGUSR1 at any moment (during training a
   checkpoint was saved, ``callbacks/checkpoint.py``; before it, nothing needed saving: ``stopsignal.py``).
+- 75 when another rank of the run is lost (``lit/peers.py``): after the line the process ends at once
+  (``leave``: ``os._exit``), since a normal interpreter exit may abort or hang then.
 
 ``--debug`` (any position on the command line) or ``SCALEVEC_DEBUG=1`` shows the traceback instead.
 Anything else is a bug: one paragraph that says so, and how to see the traceback.
