@@ -221,8 +221,7 @@ class PeerWatch(Callback):
             os._exit(PEER_LOST_EXIT)
 
     def _finish_writes(self) -> None:
-        """A one-file checkpoint being written in the background is completed: the line names it (its step is
-        recorded when the write starts), and it needs no other rank."""
+        """Complete a one-file checkpoint being written in the background (no other rank needed): the line names it."""
         wait = getattr(getattr(self._trainer, "checkpoint_callback", None), "wait_for_writes", None)
         with suppress(Exception):  # the line matters more than that write
             wait and wait(self._trainer, raise_error=False, distributed=False)
@@ -272,12 +271,14 @@ class PeerWatch(Callback):
 
 
 def say(err: PeerLostError) -> bool:
-    """Print ``err`` once per process (the watchdog and the main thread may both get there)."""
+    """Print ``err`` once per process (watchdog or main thread), stdout flushed first: ``os._exit`` follows."""
     global _reported
     with _report_lock:
         if _reported:
             return False
         _reported = True
+    with suppress(Exception):  # a closed stdout: the line still goes to stderr
+        sys.stdout.flush()
     print(f"error: {err}", file=sys.stderr, flush=True)
     return True
 
