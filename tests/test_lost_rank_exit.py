@@ -165,3 +165,37 @@ def test_the_watchdog_completes_a_one_file_write_before_its_line_and_exit(monkey
     assert capsys.readouterr().err.startswith(
         "error: rank 1: lost at step 7: no heartbeat for 4 s (killed, stopped, or its node is down); this rank "
         "stopped (exit 75); the newest checkpoint is step 6 (c/last.ckpt), the steps after it are lost; resume")
+
+
+def test_lightnings_kill_after_a_child_ended_becomes_the_line_and_75(monkeypatch, capsys):
+    """Under Lightning's own launcher its observer SIGKILLs rank 0 (no line, -9) within 5 s of a child's end: a
+    race with the line that a loaded machine lost. While the watch runs, that kill is the line and exit 75."""
+    from scalevec_lit.lit._observer import OBSERVER, replace_kill
+
+    dead = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead.wait()
+    try:
+        kills, exits = [], []
+        observer = SimpleNamespace(name=OBSERVER, _terminate_all=lambda: kills.append("lightning"))
+        watch = peers.PeerWatch(4.0)
+        watch._trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=SimpleNamespace(procs=[dead, alive])),
+                                         node_rank=0, num_devices=3)
+        assert replace_kill(watch._observer_kill, [SimpleNamespace(name="other"), observer])
+        monkeypatch.setattr(peers.os, "_exit", exits.append)
+        monkeypatch.setattr(peers, "_reported", True)  # the main thread has the line: it leaves with 75 itself
+        observer._terminate_all()
+        assert (kills, exits, alive.poll()) == ([], [], None)
+        monkeypatch.setattr(peers, "_reported", False)
+        observer._terminate_all()
+        assert (kills, exits, alive.wait(10)) == ([], [75], -9)  # the other children killed, as Lightning does
+        assert capsys.readouterr().err.startswith(
+            "error: rank 1: lost at step 0: its process ended (killed by SIGKILL); this rank stopped (exit 75); no "
+            "checkpoint was written yet; resume with")
+        monkeypatch.setattr(peers, "_reported", False)
+        watch.finish()  # this rank ended on its own: Lightning's kill, as without the watch
+        observer._terminate_all()
+        assert (kills, exits) == (["lightning"], [75])
+    finally:
+        alive.kill()
+        alive.wait()

@@ -46,6 +46,7 @@ from typing import Iterator, Optional
 from lightning.pytorch.callbacks import Callback
 
 from ..errors import RunError
+from ._observer import children_ended, replace_kill
 
 PEER_LOST_EXIT = 75  # EX_TEMPFAIL: a temporary failure; the same command (--ckpt_path last) resumes
 DEFAULT_PEER_TIMEOUT = 300.0  # seconds: 5 minutes, not the process group's 30
@@ -148,6 +149,17 @@ class PeerWatch(Callback):
         self._thread = threading.Thread(target=self._run, name="scalevec-peer-watch", daemon=True)
         self._thread.start()
         _active = self
+        replace_kill(self._observer_kill)
+
+    def _observer_kill(self, kill) -> None:
+        """Instead of Lightning's kill of this process after a child rank ended (``_observer.py``): the line and
+        exit 75, the other children killed as Lightning does; nothing while the main thread prints the line."""
+        ended = None if self._stop.is_set() else children_ended(self._trainer)
+        if _reported or ended is None:
+            return None if _reported else kill()  # the main thread leaves with 75; or this rank ended on its own
+        for proc in self._trainer.strategy.launcher.procs:
+            proc.poll() is None and proc.kill()
+        self._lost_now(*ended)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.step = trainer.global_step
@@ -191,19 +203,6 @@ class PeerWatch(Callback):
                 continue
             if lost:
                 self._lost_now(lost, f"no heartbeat for {self.timeout:g} s (killed, stopped, or its node is down)")
-
-    def _children_ended(self) -> Optional[tuple[list[int], str]]:
-        """Under Lightning's own launcher the other local ranks are this process's children: an ended one is
-        named at once (its launcher kills this process a few seconds later)."""
-        procs = getattr(getattr(getattr(self._trainer, "strategy", None), "launcher", None), "procs", None) or []
-        codes = {i + 1: p.poll() for i, p in enumerate(procs)}
-        ended = {i: c for i, c in codes.items() if c not in (None, 0)}
-        if not ended:
-            return None
-        first = self._trainer.node_rank * self._trainer.num_devices
-        how = [f"killed by {signal.Signals(-c).name}" if c < 0 and -c in signal.valid_signals() else f"exit {c}"
-               for c in ended.values()]
-        return [first + i for i in ended], f"its process ended ({', '.join(how)})"
 
     def _store_host(self) -> list[int]:
         return [] if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else [0]
@@ -251,7 +250,7 @@ class PeerWatch(Callback):
     def name_lost(self) -> tuple[list[int], str]:
         """After a failed collective: the peers whose counters do not move for three heartbeat intervals
         (this rank's watchdog keeps beating meanwhile, and so do the other survivors')."""
-        ended = self._children_ended()
+        ended = children_ended(self._trainer)
         if ended:
             return ended
         peers = [r for r in range(self.world) if r != self.rank]
