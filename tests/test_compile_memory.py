@@ -143,12 +143,12 @@ def test_plan_counts_the_normalized_input_kept_on_an_accelerator(preset, moe):
     from scalevec_lit.lit.activations import block_saved_per_token
     from scalevec_lit.model.config import MoEConfig
     from scalevec_lit.scale.strategy import has_output_side, normalizes
-    from test_plan_memory import MOE, TOLERANCE, _measured_saved, _strategy
-    from helpers import tiny_config
+    from test_plan_memory import MOE, TOLERANCE, _measured_saved
+    from helpers import strategy_preset, tiny_config
 
     config = tiny_config(seq_len=64, vocab_size=256, n_embd=64, n_head=4, n_kv_head=2, intermediate_size=192,
                          moe=MoEConfig(**MOE) if moe else None)
-    strat = _strategy(preset)
+    strat = strategy_preset(preset)
     torch.manual_seed(0)
     model = Transformer(config, strat)
     zeroed = 0
