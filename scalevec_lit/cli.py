@@ -1,12 +1,10 @@
 """The command line: ``python -m scalevec_lit {fit,validate,test,prepare,export,generate,study,import,convert,evaluate,
-inspect} ...`` (``--help``: every command, ``top_help``).
+inspect,recipes} ...`` (``--help``: every command, ``top_help``).
 
 ``fit``/``validate``/``test`` are LightningCLI subcommands over ``CausalLM`` and ``TokenDataModule``
-(YAML recipes, ``--print_config``); the data module's vocabulary and the model's sequence length are
-linked so that a recipe cannot disagree with its tokenizer. ``prepare`` tokenizes text into chunks.
-A recipe may state its global batch (``global_batch_tokens`` or ``global_batch_size``, top level): gradient
-accumulation then follows from the data-parallel size at start-up (``lit/batch.py``). The training
-progress bar counts optimizer steps against ``trainer.max_steps`` (``lit/progress.py``).
+(``train_cli.py``, imported only for them: the other commands start without Lightning's import, about
+5 CPU-seconds). ``prepare`` tokenizes text into chunks; each other command is the ``main`` of its module
+(``EXTRA_COMMANDS``).
 
 Every command runs under ``errors.run_guarded``: a user error is one paragraph and exit code 2 (command
 line, recipe) or 1 (run time), no traceback unless ``--debug`` or ``SCALEVEC_DEBUG=1``. The recipe is
@@ -16,21 +14,10 @@ with 128 + the signal number (``callbacks/checkpoint.py``).
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import Any, Optional
 
-import difflib
-import re
-
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-
-
-from .callbacks._cli_errors import argument_sentence_first  # a class's own argument error first (issue 32)
-from .checks import check_command, check_config, check_config_files
-from .data.datamodule import TokenDataModule
-from .errors import debug_enabled, one_paragraph, run_guarded
-from .checkpoint.verify import verify_checkpoint
-from .lit.module import CausalLM
-from .recipe_lookup import resolve_config_args
+from .checks import check_command
+from .errors import run_guarded
 
 EXTRA_COMMANDS = {
     "prepare": "scalevec_lit.data.prepare",
@@ -77,169 +64,6 @@ def top_help() -> str:
     return "\n".join(lines)
 
 
-def _known_keys(parser) -> list[str]:
-    """Every key the parser (and its subcommand parsers) accepts."""
-    keys: list[str] = []
-    try:
-        keys += [k for k in parser.get_defaults().keys() if not k.startswith("__")]
-    except Exception:  # suggestions are a courtesy; never hide the original error
-        pass
-    subcommands = getattr(parser, "_subcommands_action", None)
-    for sub in getattr(subcommands, "_name_parser_map", {}).values():
-        keys += _known_keys(sub)
-    return keys
-
-
-class ScaleVecArgumentParser(LightningArgumentParser):
-    """Adds the fix to jsonargparse's errors: for an unknown key, the closest known keys."""
-
-    def error(self, message: str, ex: Exception | None = None):
-        message = argument_sentence_first(message)  # a class's argument in a Union: that sentence, not the Union text
-        group = re.search(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
-        unknown = re.search(r"does not accept option '([\w.]+)'|[Uu]nrecognized arguments: --([\w.]+)", message)
-        key = f"{group.group(1)}.{group.group(2)}" if group else (unknown and (unknown.group(1) or unknown.group(2)))
-        if key:
-            parser = getattr(ex, "subcommand_parser", None) or self
-            close = difflib.get_close_matches(key, list(dict.fromkeys(_known_keys(parser))), n=3, cutoff=0.6)
-            message += f"\n  unknown key {key!r}" + (
-                f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else
-                "; run with --help or --print_config to see the accepted keys"
-            )
-        if not self.exit_on_error or debug_enabled():
-            return super().error(message, ex)
-        print(f"error: {one_paragraph(message)}", file=sys.stderr, flush=True)
-        sys.exit(2)
-
-
-class ScaleVecCLI(LightningCLI):
-    """LightningCLI with the links between data and model, and errors that suggest the fix."""
-
-    def __init__(self, *args, model_class_path: Optional[str] = None, **kwargs) -> None:
-        self.model_class_path = model_class_path  # issue 25 (H1): a CausalLM subclass chosen by model.class_path
-        super().__init__(*args, **kwargs)
-
-    def before_instantiate_classes(self) -> None:
-        # -- issue 24 (part G): --print_plan prints the plan (lit/plan.py) and exits 0, before any check or build
-        if self.subcommand is not None and self.config[self.subcommand].get("print_plan"):
-            from .lit.plan import print_plan
-
-            sub = self.config[self.subcommand]
-            plan = print_plan(sub, sub.get("plan_devices"), sub.get("plan_device_memory"))
-            if sub.get("plan_json"):
-                from .lit.plan import write_plan_json
-
-                write_plan_json(plan, sub, sub["plan_json"])
-            raise SystemExit(0)
-        # -- end of part G
-        if self.subcommand is not None:
-            check_config(self.config[self.subcommand], self.subcommand)
-            from .lit.progress import drop_bars_when_disabled
-
-            drop_bars_when_disabled(self.config[self.subcommand]["trainer"])
-            from .lit.runfolder import resolve_run_folder
-
-            resolve_run_folder(self.config[self.subcommand], self.subcommand)  # one folder per run (issue 26)
-
-    def before_fit(self) -> None:
-        from scalevec_lit.callbacks.checkpoint import lock_checkpoint_folders
-
-        lock_checkpoint_folders(self.trainer)
-
-    def instantiate_trainer(self, **kwargs):
-        from scalevec_lit.callbacks.checkpoint import install_checkpoint_io
-
-        trainer = super().instantiate_trainer(**kwargs)
-        install_checkpoint_io(trainer)  # atomic writes, clear errors for corrupt files
-        if self.subcommand == "fit":  # issue 34 item 4: a lost rank stops the others in bounded time (lit/peers.py)
-            from .lit.peers import TIMEOUT_KEY, install
-
-            install(trainer, self.config[self.subcommand].get(TIMEOUT_KEY))
-        return trainer
-
-    def _parse_ckpt_path(self) -> None:
-        """Lightning loads the whole checkpoint here only to read hyperparameters, which CausalLM does not
-        store (its spec travels in ``checkpoint['scalevec']``); check the file instead, cheaply."""
-        if not self.config.get("subcommand"):
-            return
-        ckpt_path = self.config[self.config.subcommand].get("ckpt_path")
-        if ckpt_path and str(ckpt_path) not in ("last", "best", "hpc", "registry"):
-            verify_checkpoint(ckpt_path, full=False)
-
-    def instantiate_classes(self) -> None:
-        from scalevec_lit.callbacks._cli_errors import own_sentence_first  # a class's own error, not jsonargparse's text
-
-        from .lit.model_class import without_class_path
-
-        with without_class_path(self.config, self.subcommand), own_sentence_first():  # H1: not an argument of the class
-            super().instantiate_classes()
-        if getattr(self, "trainer", None) is not None:
-            from .lit.progress import install_step_progress_bar
-
-            install_step_progress_bar(self.trainer)  # "step n/max_steps" instead of "Epoch 1/-2"
-            if self.subcommand == "fit":
-                self._resolve_global_batch(self.trainer)
-        model_config = getattr(getattr(self, "model", None), "config", None)
-        if self.subcommand is not None and model_config is not None:  # the saved config.yaml is what runs
-            self.config[self.subcommand]["model.config.vocab_size"] = model_config.vocab_size
-
-    def _resolve_global_batch(self, trainer) -> None:
-        """The data-parallel size follows the world size (``data_parallel_size: auto``); the accumulation follows
-        from the recipe's global batch (``lit/batch.py``), printed in one line."""
-        from lightning.pytorch.strategies import ModelParallelStrategy
-        from lightning.pytorch.utilities import rank_zero_info
-
-        from .lit.batch import SEQUENCES_KEY, TOKENS_KEY, data_parallel_size, resolve_global_batch
-
-        devices, nodes = trainer.num_devices, trainer.num_nodes
-        world = devices * nodes
-        strategy = trainer.strategy
-        dp = world
-        if isinstance(strategy, ModelParallelStrategy):
-            dp, set_to = data_parallel_size(world, strategy._data_parallel_size, strategy._tensor_parallel_size, devices)
-            if set_to is not None:
-                strategy._data_parallel_size = set_to
-        config = self.config[self.subcommand]
-        batch = resolve_global_batch(
-            tokens=config.get(TOKENS_KEY), sequences=config.get(SEQUENCES_KEY), seq_len=self.model.config.seq_len,
-            micro_batch=int(getattr(self.datamodule, "batch_size", 1)), data_parallel=dp, devices=devices,
-            num_nodes=nodes, accumulate_set=trainer.accumulate_grad_batches,
-        )
-        if batch is not None:
-            trainer.accumulate_grad_batches = batch.accumulate
-            rank_zero_info(batch.describe(TOKENS_KEY if config.get(TOKENS_KEY) is not None else SEQUENCES_KEY))
-
-    def add_arguments_to_parser(self, parser) -> None:
-        from .lit.batch import SEQUENCES_KEY, TOKENS_KEY
-
-        parser.add_argument(f"--{TOKENS_KEY}", type=Optional[int], default=None,
-                            help="tokens per optimizer step, all devices together; gradient accumulation follows "
-                                 "from data.batch_size, model.config.seq_len and the data-parallel size at start-up")
-        parser.add_argument(f"--{SEQUENCES_KEY}", type=Optional[int], default=None,
-                            help="the same in sequences (set one of the two)")
-        # -- issue 24 (part G): the plan before a launch (lit/plan.py)
-        parser.add_argument("--print_plan", type=bool, nargs="?", const=True, default=False,
-                            help="print the parameters, per-device memory, FLOPs, batch and run length, then exit "
-                                 "(nothing allocated, no GPU needed)")
-        parser.add_argument("--plan_devices", type=Optional[int], default=None,
-                            help="devices to plan for (default: trainer.devices × trainer.num_nodes; auto: 8)")
-        parser.add_argument("--plan_device_memory", type=Optional[str], default=None,
-                            help="memory of one device: H100 (default), H200, A100 or a number of GiB")
-        parser.add_argument("--plan_json", type=Optional[str], default=None,
-                            help="with --print_plan: also write the plan as JSON to this file (read by "
-                                 "`study plan` for wall-time estimates)")
-        # -- end of part G
-        # -- issue 25 (H1): model.class_path (lit/model_class.py)
-        from .lit.model_class import add_class_path_argument
-
-        add_class_path_argument(parser, self.model_class_path)
-        # -- end of H1
-        from .lit.peers import peer_timeout_argument
-
-        peer_timeout_argument(parser)  # issue 34 item 4
-        parser.link_arguments("model.config.seq_len", "data.seq_len")
-        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
-
-
 def main(args: Optional[list[str]] = None):
     """Run a command; returns the ``ScaleVecCLI`` (for in-process use: ``main([...]).model``)."""
     return run_guarded(_dispatch, list(sys.argv[1:] if args is None else args))
@@ -254,40 +78,19 @@ def _dispatch(argv: list[str]):
         import importlib
 
         return importlib.import_module(EXTRA_COMMANDS[argv[0]]).main(argv[1:])
-    argv = resolve_config_args(argv, sys.argv)  # --config smoke: a shipped recipe by name; a path wins (issue 35)
-    check_config_files(argv)
-    from .lit.peers import translate
+    from .train_cli import run_training  # Lightning is imported here, for fit/validate/test only
 
-    with translate():  # a failed collective after a peer is lost: one line naming it (lit/peers.py)
-        cli = _run_cli(None if argv == sys.argv[1:] else argv)  # None: LightningCLI reads sys.argv itself
-    from scalevec_lit.callbacks.checkpoint import stopped_by_signal
-
-    stop = getattr(cli, "trainer", None) and stopped_by_signal(cli.trainer)
-    if stop:
-        raise SystemExit(stop)
-    return cli
+    return run_training(argv)
 
 
-def _run_cli(args: Optional[list[str]]):
-    from .lit.model_class import model_class  # issue 25 (H1): the CausalLM subclass a recipe chooses, or CausalLM
+def __getattr__(name: str) -> Any:
+    """``ScaleVecCLI`` and ``ScaleVecArgumentParser`` (``train_cli.py``) under their former names, imported when
+    asked for (a subclass in a user's script: ``from scalevec_lit.cli import ScaleVecCLI``)."""
+    if name in ("ScaleVecCLI", "ScaleVecArgumentParser"):
+        from . import train_cli
 
-    model_cls, model_class_path = model_class(list(sys.argv[1:] if args is None else args))
-    from .lit.runfolder import release_unused
-
-    try:
-        return ScaleVecCLI(
-            model_cls,
-            TokenDataModule,
-            model_class_path=model_class_path,
-            parser_class=ScaleVecArgumentParser,
-            auto_configure_optimizers=False,
-            save_config_kwargs={"overwrite": True},
-            seed_everything_default=42,
-            trainer_defaults={"enable_model_summary": False},  # fit prints the library's own count (issue 35)
-            args=args,
-        )
-    finally:
-        release_unused()  # the run folder chosen for a command that then wrote nothing is removed again
+        return getattr(train_cli, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":
