@@ -11,7 +11,13 @@ SIGINT (Ctrl-C), SIGTERM and SIGUSR1 mean "stop" whenever they arrive:
 - after training (the last checkpoint, logger flushes) the signal is remembered and the command ends
   normally, then exits 128 + the signal (the run was complete, so scripts still see the signal);
 - any other command (``prepare``, ``export``, ``import``, ``convert``, ``generate``, ``study``) stops at once;
-  the commands that write a folder leave it as it was (they write into a temporary sibling).
+  the commands that write a folder leave it as it was (they write into a temporary sibling). A signal while
+  the finished output is moved into place (``held()``) is answered when the move is over; once the output is
+  in place (``written()``) the line says so (``stopped by SIGINT after prepare had finished: ...``) and the
+  process ends at once with 128 + the signal (its summary may be cut short); a signal that arrives after the
+  command returned, while the interpreter exits, is ignored: the exit code is the command's (0);
+- the processes prepare forks (litdata's workers) end at once, silently, on a stop signal: the command itself
+  reports it, and ends them (``data/workers.py``).
 
 ``install_for_imports()`` is called first thing by ``python -m scalevec_lit`` (before Lightning is imported: a
 signal then prints its line and ends the process); ``errors.run_guarded`` calls ``install()`` when the command
@@ -20,9 +26,13 @@ Plain Python: no torch, no Lightning.
 """
 from __future__ import annotations
 
+import atexit
+import os
 import signal
+import sys
 import threading
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 from .notices import notice
 
@@ -31,7 +41,8 @@ STOP_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in SIGNAL_NAMES)
 
 #: Where the command is: ``start-up`` (nothing to save), ``training`` (a checkpoint callback owns the
 #: signals), ``finishing`` (training is over; the signal is remembered until the command returns).
-_state: dict[str, Any] = {"phase": "start-up", "step": None, "pending": None, "command": None, "depth": 0}
+_state: dict[str, Any] = {"phase": "start-up", "step": None, "pending": None, "command": None, "depth": 0,
+                         "written": None, "raised": None}
 
 
 class StopSignal(BaseException):
@@ -59,6 +70,9 @@ def describe(signum: int) -> str:
     if phase == "finishing":
         return (f"stopped at once by a second {name(signum)} after the last training step ({step}): the run had "
                 "finished, its last checkpoint may not have been written; resume with --ckpt_path last to write it")
+    if _state["written"] is not None:
+        return (f"stopped by {name(signum)} after {command} had finished: {_state['written']}; nothing to run "
+                "again")
     if command in (None, "fit"):
         return (f"stopped by {name(signum)} during start-up (before the first training step): nothing was "
                 "trained since the command started, nothing was saved; run the same command again (add "
@@ -73,12 +87,28 @@ def _handler(signum: int, frame: Any) -> None:
         notice(f"received {name(signum)} after the last training step: finishing the run's last writes, then "
                f"exiting with {128 + signum} (send it again to stop at once)")
         return
+    _state["raised"] = signum  # ``raise_if_swallowed``: Python ignores an exception raised inside ``__del__``
     raise StopSignal(signum)
+
+
+def raise_if_swallowed() -> None:
+    """Raise ``StopSignal`` again for a stop signal whose exception was swallowed: a handler runs wherever the
+    main thread is, and what it raises inside a ``__del__`` (garbage collection of litdata's pipes) is only
+    printed, the command going on. A command calls this before it commits its output."""
+    if _state["raised"] is not None and _state["depth"] > 0:
+        raise StopSignal(_state["raised"])
+
+
+def _unraisable(info: Any, _default: Any = sys.unraisablehook) -> None:
+    """A ``StopSignal`` raised inside a ``__del__`` is not printed (``raise_if_swallowed`` raises it again)."""
+    if info.exc_type is not StopSignal:
+        _default(info)
 
 
 def install(command: Optional[str] = None) -> dict[int, Any]:
     """Make every stop signal raise ``StopSignal`` (main thread only); returns the handlers it replaced."""
-    _state.update(phase="start-up", step=None, pending=None, command=command)
+    _state.update(phase="start-up", step=None, pending=None, command=command, written=None, raised=None)
+    sys.unraisablehook = _unraisable
     if threading.current_thread() is not threading.main_thread():
         return {}
     previous = {}
@@ -89,9 +119,6 @@ def install(command: Optional[str] = None) -> dict[int, Any]:
 
 
 def _exit_now(signum: int, frame: Any) -> None:
-    import os
-    import sys
-
     sys.stderr.write(f"error: {describe(signum)}\n")
     sys.stderr.flush()
     os._exit(128 + signum)
@@ -107,6 +134,51 @@ def install_for_imports(command: Optional[str] = None) -> None:
         signal.signal(signum, _exit_now)
 
 
+def written(command: str, what: str) -> None:
+    """``command``, when it is the running command, has put its complete output in place (``what``: where):
+    a stop signal from now on says so (``stopped by SIGINT after prepare had finished: <what>; nothing to run
+    again``) and still exits 128 + the signal."""
+    if _state["command"] != command or _state["depth"] < 1:  # not the guarded command (e.g. fit's data module)
+        return
+    _state["written"] = what
+    if threading.current_thread() is threading.main_thread():
+        for signum in STOP_SIGNALS:  # from now on the line, then exit at once
+            signal.signal(signum, _finished(signal.getsignal(signum)))
+        atexit.unregister(_too_late)
+        atexit.register(_too_late)
+
+
+def _too_late() -> None:
+    """The interpreter is exiting after the command finished (its exit code is set): a stop signal from now on
+    is ignored (Python would otherwise restore the default handlers and be killed by it, with no line)."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def _finished(handler: Any) -> Any:
+    """``handler``, or ``_exit_now`` in place of ``_handler`` once the command's output is in place."""
+    return _exit_now if handler is _handler and _state["written"] is not None else handler
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """A stop signal inside the block (moving a finished output into place) is answered when it ends: the
+    handlers in place before the block get the first signal then (main thread; elsewhere a plain block)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, _finished(handler) if handler is not None else signal.SIG_DFL)
+        if got:
+            signal.raise_signal(got[0])
+
+
 def enter_command() -> bool:
     """Count a guarded command; ``True`` when it runs inside another (the outer one reports signals)."""
     _state["depth"] += 1
@@ -115,6 +187,8 @@ def enter_command() -> bool:
 
 def leave_command() -> None:
     _state["depth"] -= 1
+    if _state["depth"] < 1:
+        _state["raised"] = None
 
 
 def restore(previous: dict[int, Any]) -> None:

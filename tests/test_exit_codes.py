@@ -17,7 +17,6 @@ import resource
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -126,15 +125,36 @@ def test_a_full_disk_while_saving_exits_1_with_one_line_and_leaves_no_partial_fi
 
 
 # -- 128 + N -----------------------------------------------------------------------------------------------
-def test_a_signal_exits_128_plus_its_number(tmp_path):
+@pytest.mark.parametrize("signum, moment, group", [
+    (signal.SIGINT, "Workers are ready", True),  # Ctrl-C: the whole process group, litdata's workers too
+    (signal.SIGINT, "Finished data processing", False),  # between the train and the val optimize
+    (signal.SIGTERM, "Workers are ready", False),
+], ids=["SIGINT-group-mid-optimize", "SIGINT-between-optimizes", "SIGTERM-mid-optimize"])
+def test_a_signal_exits_128_plus_its_number(tmp_path, signum, moment, group):
+    """Sent when litdata's optimize has said ``moment`` on stdout (not after a guessed delay): litdata makes SIGINT
+    end the process with exit code 0 (the stop lost, the temporary sibling and its workers left) unless prepare
+    keeps the signals its own (data/workers.py)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "scalevec_lit", "prepare", "--output", str(tmp_path / "data")],
-                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.0)  # started; preparing the embedded corpus takes far longer
-    assert proc.poll() is None
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
-    line = _one_error(subprocess.CompletedProcess([], proc.returncode, "", stderr), 130)
-    assert line == "error: stopped by SIGINT during prepare: nothing was written (an output folder is left as it " \
-                   "was); run the same command again"
-    assert not (tmp_path / "data").exists()
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        for said in proc.stdout:
+            if said.startswith(moment):
+                break
+        assert proc.poll() is None
+        os.killpg(proc.pid, signum) if group else proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=120)
+        line = _one_error(subprocess.CompletedProcess([], proc.returncode, "", stderr), 128 + signum)
+        assert line == f"error: stopped by {signal.Signals(signum).name} during prepare: nothing was written (an " \
+                       "output folder is left as it was); run the same command again"
+        assert sorted(p.name for p in tmp_path.iterdir()) == []  # no data folder, no temporary sibling
+        with pytest.raises(ProcessLookupError):  # no worker outlives the command
+            os.killpg(proc.pid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

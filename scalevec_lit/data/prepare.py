@@ -26,7 +26,7 @@ import json
 import os
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Iterator, Optional
@@ -35,6 +35,8 @@ import torch
 
 from .formats import FORMATS_HELP, KIND_NAMES, RowCounts, iter_documents, plan_units, resolve_inputs
 from ..outdir import OutputFolder
+from ..stopsignal import held, raise_if_swallowed, written
+from .workers import signals_stay_ours
 from .inputs import ERROR_POLICIES, scan_inputs
 from .integrity import record_chunks
 from .remote import check_options, is_remote
@@ -180,17 +182,18 @@ def prepare(
                         counts_dir=counts_dir,
                         balanced=balanced,
                     )
-                    optimize(
-                        fn=fn,
-                        inputs=[json.dumps(u) for u in units],
-                        output_dir=str((dest / split).resolve()),
-                        chunk_size=chunk_tokens,
-                        item_loader=TokensLoader(),
-                        num_workers=workers,
-                        mode="overwrite",
-                        start_method="fork" if os.name == "posix" else None,
-                        verbose=True,
-                    )
+                    with signals_stay_ours():  # workers.py: a stop signal stops, no worker outlives it
+                        optimize(
+                            fn=fn,
+                            inputs=[json.dumps(u) for u in units],
+                            output_dir=str((dest / split).resolve()),
+                            chunk_size=chunk_tokens,
+                            item_loader=TokensLoader(),
+                            num_workers=workers,
+                            mode="overwrite",
+                            start_method="fork" if os.name == "posix" else None,
+                            verbose=True,
+                        )
                     index = json.loads((dest / split / "index.json").read_text())
                     counts[split] = int(sum(c["dim"] or 0 for c in index["chunks"]))
                 if all(counts.values()) or not texts:
@@ -233,7 +236,10 @@ def prepare(
         }
         meta.update(balanced_split=balanced, chunks=record_chunks(dest))  # integrity.py: checked when a run starts
         (dest / META).write_text(json.dumps(meta, indent=2))
-        claim.commit()
+        with held() if isinstance(claim, OutputFolder) else nullcontext():  # moved in whole, or not at all
+            raise_if_swallowed()  # a stop signal lost in a __del__ still stops (stopsignal.py)
+            claim.commit()  # (an upload, s3://, stays stoppable)
+            written("prepare", f"{out} holds the complete prepared data")
     except BaseException:
         claim.abandon()
         raise
