@@ -42,6 +42,37 @@ def _module(url, tmp_path, options, **kw):
                            **kw)
 
 
+def _chunk_holding(split: Path, block: torch.Tensor) -> str:
+    """The name of the one chunk file of ``split`` whose tokens hold ``block`` (the chunks store the tokens as
+    the batches carry them)."""
+    want = block.numpy().tobytes()
+    found = [c.name for c in sorted(split.glob("*.bin")) if want in c.read_bytes()]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _download_threads() -> set:
+    import threading
+
+    from litdata.streaming.reader import PrepareChunksThread
+
+    return {t for t in threading.enumerate() if isinstance(t, PrepareChunksThread)}
+
+
+def _stop_downloads(started: set, timeout: float = 30.0) -> bool:
+    """Stop the chunk download threads started since ``started`` was taken and wait for them to end. litdata's
+    reader stops its thread only when the reader is collected, and ``FullShuffle``'s ``lru_cache`` keeps the
+    reader of a loader alive after the loader is gone: left running, the thread would go on downloading after
+    the test and report a crash once the server stops."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    for t in _download_threads() - started:
+        t.force_stop()
+        t.join(max(0.0, deadline - time.monotonic()))
+    return not any(t.is_alive() for t in _download_threads() - started)
+
+
 def _error(fn) -> str:
     from scalevec_lit.errors import UserError
 
@@ -79,14 +110,23 @@ def test_blocks_equal_the_local_folder(s3, tmp_path):
     assert remote.metas[0]["chunks"] == local.metas[0]["chunks"]
     for dm in (remote, local):
         dm.setup("fit")
+    threads = _download_threads()
     got = list(itertools.islice(iter(remote.train_dataloader()), 6))
     want = list(itertools.islice(iter(local.train_dataloader()), 6))
     assert all(torch.equal(a, b) for a, b in zip(got, want)) and len(got) == 6
+    assert _stop_downloads(threads)  # none left to outlive the server
+    # litdata downloads the next chunks of the (shuffled) order in the background: which of them had arrived
+    # depends on timing; the chunk the first block was read from had
     cached = remote._local[0]
-    assert cached.parent == tmp_path / "cache" and (cached / "train" / "chunk-0-0.bin").is_file()
+    first = _chunk_holding(s3.local / "train", got[0][0])
+    assert cached.parent == tmp_path / "cache" and (cached / "train" / first).is_file()
+    for chunk in (cached / "train").glob("*.bin"):  # published only once complete: the local folder's bytes
+        assert chunk.read_bytes() == (s3.local / "train" / chunk.name).read_bytes(), chunk.name
+    assert list((cached / "train").glob("*.tmp.*")) == []  # no download left half done
     assert Path(remote.tokenizer_path) == cached / "tokenizer.json"
     val = next(iter(remote.val_dataloader()))
     assert torch.equal(val, next(iter(local.val_dataloader())))
+    assert _stop_downloads(threads)  # none left to outlive the server
 
 
 def test_mixed_remote_and_local(s3, tmp_path):
