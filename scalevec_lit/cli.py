@@ -74,11 +74,16 @@ def _dispatch(argv: list[str]):
         print(top_help())
         return None
     check_command(argv, EXTRA_COMMANDS)
+    from . import stopsignal
+
     if argv[0] in EXTRA_COMMANDS:
         import importlib
 
-        return importlib.import_module(EXTRA_COMMANDS[argv[0]]).main(argv[1:])
-    from .train_cli import run_training  # Lightning is imported here, for fit/validate/test only
+        with stopsignal.importing():  # a stop signal mid-import: its line, then exit at once (nothing written)
+            command = importlib.import_module(EXTRA_COMMANDS[argv[0]])
+        return command.main(argv[1:])
+    with stopsignal.importing():
+        from .train_cli import run_training  # Lightning is imported here, for fit/validate/test only
 
     return run_training(argv)
 

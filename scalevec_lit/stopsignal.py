@@ -134,6 +134,24 @@ def install_for_imports(command: Optional[str] = None) -> None:
         signal.signal(signum, _exit_now)
 
 
+@contextmanager
+def importing() -> Iterator[None]:
+    """Around a command's own imports once ``run_guarded`` has started it (``cli.py`` imports Lightning only for
+    fit/validate/test, and each other command's module when it runs): as in ``install_for_imports``, a stop
+    signal then prints its line and ends the process at once, since an exception raised in the middle of a
+    library's import can turn into another error (numpy retries a failed import until the recursion limit)
+    and nothing has been written yet. The handlers in place before the block are put back after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _exit_now) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def written(command: str, what: str) -> None:
     """``command``, when it is the running command, has put its complete output in place (``what``: where):
     a stop signal from now on says so (``stopped by SIGINT after prepare had finished: <what>; nothing to run
