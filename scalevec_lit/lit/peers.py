@@ -16,7 +16,8 @@ peer is merely silent. Two mechanisms bound that wait, both set by the top-level
 
 When a collective fails (``translate``), the ranks that stopped beating are named: the survivors keep beating
 for a short window (three heartbeat intervals), so only the lost ones fall silent. A rank that finishes or
-fails on its own marks itself done first, so that it is never reported as lost.
+fails on its own marks itself done first, so that it is never reported as lost. The line itself, its exit code
+and which failures are a peer's: ``lit/peer_errors.py``.
 
 How a survivor leaves: after its one line, by ``os._exit(75)`` (streams flushed), from the watchdog or the main
 thread (``PeerLostError.leave_at_once``, ``errors.leave``). A normal exit is not safe with a broken process group
@@ -45,60 +46,21 @@ from typing import Iterator, Optional
 
 from lightning.pytorch.callbacks import Callback
 
-from ..errors import RunError
 from ._observer import children_ended, replace_kill
+from .peer_errors import (  # noqa: F401 - the line of a lost rank (peer_errors.py); importable from here too
+    DEFAULT_PEER_TIMEOUT, PEER_LOST_EXIT, TIMEOUT_KEY, PeerLostError, is_c10d_error, is_collective_failure, lost_error,
+    peer_timeout_argument, unnamed_error)
 
-PEER_LOST_EXIT = 75  # EX_TEMPFAIL: a temporary failure; the same command (--ckpt_path last) resumes
-DEFAULT_PEER_TIMEOUT = 300.0  # seconds: 5 minutes, not the process group's 30
-TIMEOUT_KEY = "peer_timeout"
 MIN_GROUP_TIMEOUT = 60.0  # seconds: the process group's timeout also bounds the start-up rendezvous
-COLLECTIVE_FAILURES = ("DistBackendError", "DistNetworkError", "DistStoreError")
-COLLECTIVE_TEXTS = ("connection reset by peer", "connection closed by peer", "broken pipe", "gloo", "nccl",
-                    "timed out", "timeout", "socket", "connection refused")
 
 _active: Optional["PeerWatch"] = None
 _report_lock = threading.Lock()
 _reported = False
 
 
-class PeerLostError(RunError):
-    """Another rank of this run is gone (exit 75): after its line the process leaves at once (module docstring)."""
-
-    exit_code = PEER_LOST_EXIT
-    leave_at_once = True
-
-
 def heartbeat_interval(timeout: float) -> float:
     """Seconds between beats: a tenth of the timeout, between 0.2 s and 5 s."""
     return min(5.0, max(0.2, timeout / 10))
-
-
-def lost_error(lost: list[int], step: int, how: str, newest: str = "") -> PeerLostError:
-    ranks = ", ".join(str(r) for r in lost)
-    return PeerLostError(
-        f"rank {ranks}", f"lost at step {step}",
-        f"{how}; this rank stopped (exit {PEER_LOST_EXIT}); {newest or 'no checkpoint was written yet'}",
-        "resume with the same command and --ckpt_path last (launch/torchrun_fit.sh restarts by itself, "
-        f"MAX_RESTARTS times); a slow but healthy cluster needs a larger --{TIMEOUT_KEY} (seconds)")
-
-
-def unnamed_error(step: int, failure: str, how: str, newest: str = "") -> PeerLostError:
-    """A collective failed and no rank can be named lost (every one still beats, or the store is gone)."""
-    return PeerLostError(
-        "a collective", f"failed at step {step}",
-        f"{failure} ({how or 'every rank is alive: one waited longer than the process group timeout for another'}"
-        f"); this rank stopped (exit {PEER_LOST_EXIT}); {newest or 'no checkpoint was written yet'}",
-        f"a rank that legitimately runs ahead of the others for long (a long write or compile on one rank) needs a "
-        f"larger --{TIMEOUT_KEY} (seconds); resume with the same command and --ckpt_path last")
-
-
-def is_collective_failure(err: BaseException) -> bool:
-    """Whether ``err`` is what a collective raises when a peer is gone (gloo/NCCL/c10d errors, timeouts)."""
-    names = {cls.__name__ for cls in type(err).__mro__}
-    if names & set(COLLECTIVE_FAILURES):
-        return True
-    text = str(err).lower()
-    return isinstance(err, (RuntimeError, ConnectionError, TimeoutError)) and any(t in text for t in COLLECTIVE_TEXTS)
 
 
 def _store_client(timeout: float):
@@ -322,7 +284,7 @@ def translate() -> Iterator[None]:
         watch.finish()
         if stopped and not (lost and how.startswith("its connection")):
             raise  # a stop signal of its own (Ctrl-C, scancel): its own line
-        if not lost and not {cls.__name__ for cls in type(err).__mro__} & set(COLLECTIVE_FAILURES):
+        if not lost and not is_c10d_error(err):
             raise  # every peer is alive: an error of this rank's own that merely reads like a network one
         if stopped:
             how += ", and the launcher stopped this rank"
@@ -330,12 +292,6 @@ def translate() -> Iterator[None]:
         failure = (str(err).splitlines() or [type(err).__name__])[0][:200]
         raise (lost_error(lost, watch.step, how, newest) if lost else
                unnamed_error(watch.step, failure, how, newest)) from err
-
-
-def peer_timeout_argument(parser) -> None:
-    parser.add_argument(f"--{TIMEOUT_KEY}", type=float, default=DEFAULT_PEER_TIMEOUT,
-                        help="seconds after which a silent or lost rank stops the others (one line, exit 75): "
-                             "the process group's timeout and the heartbeat's")
 
 
 def install(trainer, timeout: Optional[float]) -> None:
