@@ -129,9 +129,22 @@ def leave(err: BaseException, debug: bool = False) -> NoReturn:
     os._exit(code)
 
 
+def _stopped(stop: Any, debug: bool) -> SystemExit:
+    """Print the line of ``stop`` (a ``StopSignal``; with ``debug`` the traceback of the exception being handled
+    first); the ``SystemExit`` with 128 + its signal."""
+    if debug:
+        import traceback
+
+        traceback.print_exc()
+    print(f"error: {stop}", file=sys.stderr, flush=True)
+    return SystemExit(stop.exit_code)
+
+
 def run_guarded(fn: Callable[[list[str]], Any], argv: list[str]) -> Any:
     """Call ``fn(argv without --debug)``; turn any exception into one paragraph and ``SystemExit(code)``, and a
-    stop signal at any moment into one line and ``SystemExit(128 + signal)`` (``stopsignal.py``)."""
+    stop signal at any moment into one line and ``SystemExit(128 + signal)`` (``stopsignal.py``): also one whose
+    ``StopSignal`` code the command ran swallowed (a ``__del__``, a library's ``except BaseException``), when the
+    command then returns, exits 0 or fails."""
     from . import stopsignal
 
     argv, debug = strip_debug(list(argv))
@@ -141,27 +154,35 @@ def run_guarded(fn: Callable[[list[str]], Any], argv: list[str]) -> Any:
     try:
         if debug:
             os.environ[DEBUG_ENV] = "1"
-        result = fn(argv)
+        try:
+            result = fn(argv)
+        except SystemExit as err:
+            if err.code not in (0, None) or nested or stopsignal.swallowed() is None:
+                raise  # a command's own exit code (its line, if any, is printed)
+            raise stopsignal.swallowed(returned=True) from None  # e.g. fit --print_plan
         pending = 0 if nested else stopsignal.pending_exit_code()
         if pending:
             print(f"error: {stopsignal.describe_pending()}", file=sys.stderr, flush=True)
             raise SystemExit(pending)
+        lost = None if nested else stopsignal.swallowed(returned=True)
+        if lost is not None:
+            raise lost
         return result
     except SystemExit:
         raise
     except (stopsignal.StopSignal, KeyboardInterrupt) as err:
         if nested:
             raise
-        if debug:
-            import traceback
-
-            traceback.print_exc()
         stop = err if isinstance(err, stopsignal.StopSignal) else stopsignal.StopSignal(2)  # 2: SIGINT
-        print(f"error: {stop}", file=sys.stderr, flush=True)
-        raise SystemExit(stop.exit_code) from None
+        raise _stopped(stop, debug) from None
     except BaseException as err:  # noqa: BLE001 - the point of this function
         if getattr(err, "leave_at_once", False):
             leave(err, debug)
+        stop = stopsignal.swallowed()  # the command failed after a stop signal was taken: the stop is the answer
+        if stop is not None:
+            if nested:
+                raise stop from err
+            raise _stopped(stop, debug) from None
         if debug:
             raise
         raise fail(err) from None

@@ -21,7 +21,9 @@ SIGINT (Ctrl-C), SIGTERM and SIGUSR1 mean "stop" whenever they arrive:
 
 ``install_for_imports()`` is called first thing by ``python -m scalevec_lit`` (before Lightning is imported: a
 signal then prints its line and ends the process); ``errors.run_guarded`` calls ``install()`` when the command
-starts and turns ``StopSignal`` (and a bare ``KeyboardInterrupt``) into the line and the exit code.
+starts and turns ``StopSignal`` (and a bare ``KeyboardInterrupt``) into the line and the exit code. A
+``StopSignal`` that code the command ran swallowed (a ``__del__``, a library's ``except BaseException``) is not
+lost: ``run_guarded`` answers it when the command ends (``swallowed``), with the same exit code.
 Plain Python: no torch, no Lightning.
 """
 from __future__ import annotations
@@ -91,12 +93,28 @@ def _handler(signum: int, frame: Any) -> None:
     raise StopSignal(signum)
 
 
+def swallowed(returned: bool = False) -> Optional[StopSignal]:
+    """The ``StopSignal`` of a stop signal whose exception was swallowed (``None`` if none): a handler runs
+    wherever the main thread is, and what it raises inside a ``__del__`` (garbage collection of litdata's pipes)
+    is only printed, or a library's ``except BaseException`` takes it; the command goes on. ``returned``: the
+    command has run to its end meanwhile (``errors.run_guarded`` asks when it returns), and the line says so."""
+    signum = _state["raised"]
+    if signum is None or _state["depth"] < 1:
+        return None
+    if returned and _state["written"] is None:
+        command = _state["command"] or "the command"
+        return StopSignal(signum, f"stopped by {name(signum)} during {command}: the signal was taken by code that "
+                                  f"{command} ran (a library's clean-up), which did not stop it, so {command} ran to "
+                                  "its end (its output, if it writes one, is complete); nothing to run again")
+    return StopSignal(signum)
+
+
 def raise_if_swallowed() -> None:
-    """Raise ``StopSignal`` again for a stop signal whose exception was swallowed: a handler runs wherever the
-    main thread is, and what it raises inside a ``__del__`` (garbage collection of litdata's pipes) is only
-    printed, the command going on. A command calls this before it commits its output."""
-    if _state["raised"] is not None and _state["depth"] > 0:
-        raise StopSignal(_state["raised"])
+    """Raise ``StopSignal`` again for a stop signal whose exception was swallowed (``swallowed``). A command
+    that writes an output calls this before it commits it; ``errors.run_guarded`` when the command ends."""
+    stop = swallowed()
+    if stop is not None:
+        raise stop
 
 
 def _unraisable(info: Any, _default: Any = sys.unraisablehook) -> None:
