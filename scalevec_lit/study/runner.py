@@ -28,7 +28,7 @@ from typing import Optional
 import yaml
 
 from ..errors import UserError
-from ..stopsignal import StopSignal
+from ..stopsignal import StopSignal, name as signal_name
 from .events import collect_done, endpoint, read_scalars, run_endpoint, scheduled, validation_schedule
 from .spec import CKPT_DIR, DONE, VAL_TAG, Run, Study, fit_command, fmt_lr, run_callbacks, run_dir
 from .regime import params_from_log, trained_tokens
@@ -167,6 +167,13 @@ def _finish(study: Study, run: Run, root: Path, rc: int, t0: float, provenance: 
     return True
 
 
+def stopped_line(signum: int, runs: int) -> str:
+    """The line of a study stopped by ``signum`` (the runner's own) while ``runs`` runs were in progress."""
+    return (f"stopped by {signal_name(signum)} during study: its {runs} run(s) in progress were stopped (each one's "
+            "log.txt says at which step); run the same command again: complete runs are skipped, the others resume "
+            "from their newest checkpoint")
+
+
 def _meta(study: Study, out: Path, parallel: int, provenance: dict, allow_code_change: bool) -> None:
     path = out / "study_meta.json"
     meta = json.loads(path.read_text()) if path.exists() else {}
@@ -226,8 +233,8 @@ def run_study(study: Study, out: Path, parallel: int = 1, dry_run: bool = False,
     running: list[tuple[subprocess.Popen, Run, Path, float]] = []
     failed = 0
 
-    def _terminated(signum, frame):  # SIGTERM stops the runs too (SIGKILL: kill the process group)
-        raise KeyboardInterrupt
+    def _terminated(signum, frame):  # SIGTERM stops the runs too (SIGKILL: kill the process group), and is named
+        raise StopSignal(signum)
 
     previous = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is threading.main_thread() else None
     try:
@@ -242,11 +249,13 @@ def run_study(study: Study, out: Path, parallel: int = 1, dry_run: bool = False,
                 if proc.poll() is not None:
                     running.remove(item)
                     failed += not _finish(study, r, root, proc.returncode, t0, provenance)
-    except (KeyboardInterrupt, StopSignal):  # Ctrl-C or any stop signal (``stopsignal.py``): stop the runs too
+    except (KeyboardInterrupt, StopSignal) as err:  # Ctrl-C or any stop signal (``stopsignal.py``): stop the runs too
         for proc, *_ in running:
             proc.terminate()
         for proc, *_ in running:
             proc.wait()
+        if isinstance(err, StopSignal) and running:  # the line names the runner's own signal (run_guarded prints it)
+            raise StopSignal(err.signum, stopped_line(err.signum, len(running))) from None
         raise
     finally:
         if previous is not None:
