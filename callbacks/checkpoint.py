@@ -1,11 +1,10 @@
 """SafeModelCheckpoint: Lightning's ModelCheckpoint with a stable folder, atomic writes, one run per
 folder, and a checkpoint on SIGINT/SIGTERM/SIGUSR1.
 
-- ``dirpath`` defaults to ``<trainer.default_root_dir>/checkpoints``, known before the run starts, so
-  ``--ckpt_path last`` finds the checkpoint of a killed run when it is started again, and it resumes
-  from the newest complete checkpoint there, whatever its name. Without a ``default_root_dir`` in the
-  recipe each run gets its own ``runs/<recipe>[/<config>...]/version_N`` (``scalevec_lit/lit/runfolder.py``),
-  events and checkpoints together, and ``--ckpt_path last`` picks the newest version holding a checkpoint;
+- ``dirpath`` defaults to ``<trainer.default_root_dir>/checkpoints``, known before the run starts: ``--ckpt_path
+  last`` resumes a killed run from the newest complete checkpoint there, whatever its name. Without a
+  ``default_root_dir`` each run gets its own ``runs/<recipe>[/<config>...]/version_N`` (``lit/runfolder.py``),
+  and ``--ckpt_path last`` picks the newest version holding a checkpoint;
 - files are written as ``<name>.tmp`` and renamed (``SafeCheckpointIO``, which the CLI installs on every
   trainer whose strategy uses the default torch checkpoint IO, and which turns an unreadable file into a
   ``CheckpointError`` naming it), distributed (DCP) checkpoint folders likewise (``replace_directory``),
@@ -16,7 +15,8 @@ folder, and a checkpoint on SIGINT/SIGTERM/SIGUSR1.
   ``launch/slurm_fit.sbatch``) finish the current step, save a checkpoint at that step (and ``last``),
   stop the trainer (``trainer.should_stop``) and make the CLI exit with 128 + the signal number; a second
   signal stops at once, without saving. With several processes the ranks agree every
-  ``stop_check_every_n_steps`` steps (one small all-reduce), so they stop at the same step.
+  ``stop_check_every_n_steps`` steps (one small all-reduce), so they stop at the same step;
+- the final step of a run that ends normally is always saved, once (``_final_save.py``).
 
 The checkpoint code of the library lives here, except two Lightning-free parts of ``scalevec_lit/checkpoint/``:
 ``verify.py`` (a file's zip structure and CRC32s, checked before anything reads it, by export too) and
@@ -44,6 +44,7 @@ from scalevec_lit.runlock import LOCK, acquire_folder, check_lineage, release_fo
 from scalevec_lit.checkpoint.verify import unreadable, verify_checkpoint, write_failure
 
 from ._async_write import AsyncSaves, BackgroundWriter, DistributedAsync, snapshot
+from ._final_save import FinalSave
 
 __all__ = ["SafeModelCheckpoint", "SafeCheckpointIO"]
 
@@ -138,7 +139,7 @@ def stopped_by_signal(trainer) -> int:
     return max((getattr(cb, "stop_exit_code", 0) for cb in trainer.callbacks), default=0)
 
 
-class SafeModelCheckpoint(AsyncSaves, reshard.WorldRecord, ModelCheckpoint):
+class SafeModelCheckpoint(AsyncSaves, FinalSave, reshard.WorldRecord, ModelCheckpoint):
     """``ModelCheckpoint`` whose default folder survives restarts, whose writes are atomic, which owns its
     folder for the run and saves on a stop signal.
 
@@ -238,6 +239,7 @@ class SafeModelCheckpoint(AsyncSaves, reshard.WorldRecord, ModelCheckpoint):
         # trainer.ckpt_path (``last`` resolved) is known for every strategy only now, before any write
         self._on_rank_zero(trainer, lambda: check_lineage(self.dirpath, trainer.ckpt_path))
         super().on_train_start(trainer, pl_module)
+        self._started(trainer)
         self._received, self.stop_signal, self.stop_exit_code = None, None, 0
         if threading.current_thread() is not threading.main_thread():
             return
@@ -248,6 +250,7 @@ class SafeModelCheckpoint(AsyncSaves, reshard.WorldRecord, ModelCheckpoint):
         stopsignal.at_step(trainer.global_step)
 
     def on_train_end(self, trainer, pl_module) -> None:
+        self.save_final(trainer)  # before Lightning's save_last there, which would take this step
         super().on_train_end(trainer, pl_module)
         self.wait_for_writes(trainer)
         stopsignal.leave_training(trainer.global_step)  # a signal now waits for the last writes
@@ -272,6 +275,10 @@ class SafeModelCheckpoint(AsyncSaves, reshard.WorldRecord, ModelCheckpoint):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         stopsignal.at_step(trainer.global_step)
+        self._stop_on_signal(trainer)
+        self.save_at_last_step(trainer)
+
+    def _stop_on_signal(self, trainer) -> None:
         received = self._received
         if trainer.world_size > 1:
             if trainer.global_step % self.stop_check_every_n_steps:

@@ -1,6 +1,6 @@
 """Checkpoints off the critical path: ``SafeModelCheckpoint(async_save: true)`` (``callbacks/_async_write.py``).
 
-- an uninterrupted run that saves asynchronously (steps 3 and 6, and ``last`` linked to them);
+- an uninterrupted run that saves asynchronously (steps 3 and 6, the final step 8, and ``last`` linked to them);
 - a run whose step-6 checkpoint takes 2 minutes to write (a probe object in the checkpoint sleeps when
   pickled: deterministic) goes on training while the writer thread is busy, and is killed with SIGKILL
   then: the step-3 checkpoint is complete and verified, step 6 is only ``step000006.ckpt.tmp``, and
@@ -52,8 +52,8 @@ def test_a_kill_during_an_async_save_keeps_the_previous_checkpoint_and_resumes_e
     assert sorted(reference) == list(range(STEPS))
     ckpts = ref / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir() if p.name != "run.lock") == \
-        ["last.ckpt", "step000003.ckpt", "step000006.ckpt"]  # complete when fit returned; no .tmp left
-    assert (ckpts / "last.ckpt").read_bytes() == (ckpts / "step000006.ckpt").read_bytes()
+        ["last.ckpt", "step000003.ckpt", "step000006.ckpt", "step000008.ckpt"]  # complete when fit returned; no .tmp
+    assert (ckpts / "last.ckpt").read_bytes() == (ckpts / "step000008.ckpt").read_bytes()  # the final step
     for p in ckpts.glob("*.ckpt"):
         verify_checkpoint(p, full=True)
 
