@@ -44,13 +44,14 @@ def test_a_command_that_ran_to_its_end_exits_with_the_swallowed_signal(capsys):
         print("exported")
         return 0
 
+    before = signal.getsignal(signal.SIGINT)
     assert _guarded(export, ["export", "--out", "x"]) == 130
     out, err = capsys.readouterr()
     assert out == "exported\n"
     assert err == ("error: stopped by SIGINT during export: the signal was taken by code that export ran (a "
                    "library's clean-up), which did not stop it, so export ran to its end (its output, if it writes "
                    "one, is complete); nothing to run again\n")
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # pytest's handler is back
+    assert signal.getsignal(signal.SIGINT) is before  # the handler in place before the command is back
     assert run_guarded(lambda argv: "next", ["inspect"]) == "next"  # the next command starts afresh
 
 
