@@ -158,21 +158,25 @@ def test_resuming_a_finished_run_writes_nothing(tmp_path):
     assert _same(module.state_dict(), _load(tmp_path / "step007.ckpt")["state_dict"])
 
 
-@pytest.mark.parametrize("mode, save_last, writes, files", [
-    # score = -step: step 5 stays the best; the final step 7 is not among the best 1, so last.ckpt holds it
-    ("max", False, [("step005.ckpt", 5), ("last.ckpt", 7)], ["last.ckpt", "step005.ckpt"]),
-    ("max", True, [("step005.ckpt", 5), ("last.ckpt", 5), ("last.ckpt", 7)], ["last.ckpt", "step005.ckpt"]),
+@pytest.mark.parametrize("steps, mode, save_last, writes, files", [
+    # score = -step: step 5 stays the best; the final step is not among the best 1, so last.ckpt holds it
+    (7, "max", False, [("step005.ckpt", 5), ("last.ckpt", 7)], ["last.ckpt", "step005.ckpt"]),
+    (7, "max", True, [("step005.ckpt", 5), ("last.ckpt", 5), ("last.ckpt", 7)], ["last.ckpt", "step005.ckpt"]),
+    (10, "max", False, [("step005.ckpt", 5), ("last.ckpt", 10)], ["last.ckpt", "step005.ckpt"]),  # on the cadence
+    (10, "max", True, [("step005.ckpt", 5), ("last.ckpt", 5), ("last.ckpt", 10)], ["last.ckpt", "step005.ckpt"]),
     # the final step is the best: it replaces step 5 (and last follows it)
-    ("min", False, [("step005.ckpt", 5), ("step007.ckpt", 7)], ["step007.ckpt"]),
-    ("min", True, [("step005.ckpt", 5), ("last.ckpt", 5), ("step007.ckpt", 7), ("last.ckpt", 7)],
+    (7, "min", False, [("step005.ckpt", 5), ("step007.ckpt", 7)], ["step007.ckpt"]),
+    (7, "min", True, [("step005.ckpt", 5), ("last.ckpt", 5), ("step007.ckpt", 7), ("last.ckpt", 7)],
      ["last.ckpt", "step007.ckpt"]),
 ])
-def test_with_a_monitor_the_final_step_is_among_the_best_or_last(tmp_path, mode, save_last, writes, files):
-    trainer, module, got = _fit(tmp_path, max_steps=7, monitor="score", mode=mode, save_top_k=1, save_last=save_last)
+def test_with_a_monitor_the_final_step_is_among_the_best_or_last(tmp_path, steps, mode, save_last, writes, files):
+    trainer, module, got = _fit(tmp_path, max_steps=steps, monitor="score", mode=mode, save_top_k=1,
+                                save_last=save_last)
     assert got == writes
     assert _files(tmp_path) == files
     for name in files:
         if name != "step005.ckpt":
+            assert _load(tmp_path / name)["global_step"] == steps, name
             assert _same(_load(tmp_path / name)["state_dict"], module.state_dict()), name
 
 
