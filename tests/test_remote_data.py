@@ -59,20 +59,6 @@ def _download_threads() -> set:
     return {t for t in threading.enumerate() if isinstance(t, PrepareChunksThread)}
 
 
-def _stop_downloads(started: set, timeout: float = 30.0) -> bool:
-    """Stop the chunk download threads started since ``started`` was taken and wait for them to end. litdata's
-    reader stops its thread only when the reader is collected, and ``FullShuffle``'s ``lru_cache`` keeps the
-    reader of a loader alive after the loader is gone: left running, the thread would go on downloading after
-    the test and report a crash once the server stops."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    for t in _download_threads() - started:
-        t.force_stop()
-        t.join(max(0.0, deadline - time.monotonic()))
-    return not any(t.is_alive() for t in _download_threads() - started)
-
-
 def _error(fn) -> str:
     from scalevec_lit.errors import UserError
 
@@ -114,7 +100,8 @@ def test_blocks_equal_the_local_folder(s3, tmp_path):
     got = list(itertools.islice(iter(remote.train_dataloader()), 6))
     want = list(itertools.islice(iter(local.train_dataloader()), 6))
     assert all(torch.equal(a, b) for a, b in zip(got, want)) and len(got) == 6
-    assert _stop_downloads(threads)  # none left to outlive the server
+    remote.teardown("fit")  # stops litdata's chunk threads (tests/test_data_threads.py): none outlives the server
+    assert _download_threads() <= threads
     # litdata downloads the next chunks of the (shuffled) order in the background: which of them had arrived
     # depends on timing; the chunk the first block was read from had
     cached = remote._local[0]
@@ -126,7 +113,8 @@ def test_blocks_equal_the_local_folder(s3, tmp_path):
     assert Path(remote.tokenizer_path) == cached / "tokenizer.json"
     val = next(iter(remote.val_dataloader()))
     assert torch.equal(val, next(iter(local.val_dataloader())))
-    assert _stop_downloads(threads)  # none left to outlive the server
+    remote.teardown("fit")
+    assert _download_threads() <= threads
 
 
 def test_mixed_remote_and_local(s3, tmp_path):
@@ -135,6 +123,7 @@ def test_mixed_remote_and_local(s3, tmp_path):
     assert dm.tokens["train"] == 2 * 485838
     assert next(iter(dm.train_dataloader())).shape == (4, 33)
     assert len(dm.val_dataloader()) == 2
+    dm.teardown("fit")
 
 
 @pytest.mark.parametrize("case", ["bucket", "prefix", "credentials", "endpoint", "scheme", "option", "size"])
@@ -194,6 +183,7 @@ def test_an_altered_or_vanished_chunk_stops_on_download(s3, tmp_path):
     assert text.startswith(f"data.data_dir: {url}/train/chunk-0-0.bin: corrupt: the SHA-256 of the downloaded bytes "
                            "differs from the one prepare recorded in meta.json")
     assert not (dm._local[0] / "train" / "chunk-0-0.bin").exists()
+    dm.teardown("fit")
     assert _module(url, tmp_path, s3.options, verify="sizes").setup("fit") is None  # sizes only: starts
 
     url = _copy(s3, "shakespeare", "vanished")
@@ -202,6 +192,7 @@ def test_an_altered_or_vanished_chunk_stops_on_download(s3, tmp_path):
     s3.client().delete_object(Bucket=BUCKET, Key="vanished/train/chunk-0-0.bin")
     text = _error(lambda: next(iter(dm.train_dataloader())))
     assert text.startswith(f"data.data_dir: {url}/train/chunk-0-0.bin: downloading: no such object in the bucket")
+    dm.teardown("fit")
 
 
 def test_cache_follows_a_new_prepare(s3, tmp_path):
@@ -216,6 +207,7 @@ def test_cache_follows_a_new_prepare(s3, tmp_path):
                            Body=_objects(s3, "renewed")["meta.json"].replace(b'"eos_id"', b'"eos_id" '))
     again = _module(url, tmp_path, s3.options, shuffle=False)
     assert again._local[0] == dm._local[0] and not stale.exists()
+    dm.teardown("fit")
 
 
 def test_other_commands_refuse_a_url_output(tmp_path, monkeypatch):

@@ -29,7 +29,7 @@ import lightning as L
 from ..errors import UserError
 from .inputs import MANIFEST
 from .integrity import VERIFY_MODES, check_prepared, fingerprint, relocate_state
-from .loaders import relocating_loader, same_batch_count_on_every_rank, tokens_loader
+from .loaders import release, relocating_loader, same_batch_count_on_every_rank, stream, tokens_loader
 from .cache import TOKENIZER, cache_bytes, mirror, register
 from .prepare import DEFAULT_OUTPUT, META
 from .remote import Remote, check_options, is_remote, join
@@ -193,6 +193,7 @@ class TokenDataModule(L.LightningDataModule):
         self._checked = False
         self._fingerprints = [fingerprint(d, m, local=loc) for d, m, loc in zip(self.data_dirs, metas, self._local)]
         self._saved: Optional[list] = None  # the fingerprints of the checkpoint being resumed
+        self._streams: list = []  # the litdata datasets made here, until ``teardown`` stops their threads
 
     @staticmethod
     def _source_names(data_dirs: list[str], names: Optional[list[str]]) -> list[str]:
@@ -247,7 +248,6 @@ class TokenDataModule(L.LightningDataModule):
         return int(self.meta["vocab_size"])
 
     def _source(self, data_dir: str, split: str, shuffle: bool):
-        from litdata import StreamingDataset
         from litdata.streaming.resolver import Dir
 
         remote = {}
@@ -256,7 +256,7 @@ class TokenDataModule(L.LightningDataModule):
             local = self._local[self.data_dirs.index(data_dir)]
             remote = dict(input_dir=Dir(path=str(local / split), url=join(data_dir, split)),
                           storage_options={**self.storage_options, "verify": self.verify}, max_cache_size=self.cache_size)
-        return StreamingDataset(
+        dataset = stream(
             input_dir=remote.pop("input_dir", f"{data_dir.rstrip('/')}/{split}"),
             item_loader=tokens_loader(self.seq_len + 1, is_remote(data_dir)),
             shuffle=shuffle,
@@ -264,6 +264,8 @@ class TokenDataModule(L.LightningDataModule):
             seed=self.seed,
             **remote,
         )
+        self._streams.append(dataset)
+        return dataset
 
     def _dataset(self, split: str, shuffle: bool):
         from litdata import CombinedStreamingDataset
@@ -280,6 +282,20 @@ class TokenDataModule(L.LightningDataModule):
 
         filter_litdata_length()  # litdata streams have an exact length per rank and worker (known_warnings.py)
         self.check_data()
+
+    def teardown(self, stage: Optional[str] = None) -> None:
+        """Stop litdata's chunk threads of every dataset made here (Lightning calls this after each fit,
+        validate or test; ``on_exception`` after one stopped by an error): litdata would otherwise keep them,
+        still polling or downloading, for the rest of the process (``loaders.release``). The chunks in the
+        cache stay; the loaders made next (a second fit) start new threads."""
+        streams, self._streams = self._streams, []
+        release(streams)
+
+    def on_exception(self, exception: BaseException) -> None:
+        """A fit stopped by an error: Lightning calls no ``teardown`` then, so the threads are stopped here. A
+        stop signal (Ctrl-C, SIGTERM) ends the process at once instead; its daemon threads end with it."""
+        if isinstance(exception, Exception):
+            self.teardown()
 
     def check_data(self) -> None:
         """Check every prepared folder's chunks against its record (once; ``integrity.check_prepared``)."""

@@ -11,6 +11,17 @@ capped cache evicts a chunk already read) and ``close`` (the reading thread, whe
 chunk) take one lock. In litdata 0.2.76 both remove the chunk's memory map from the same dict unguarded,
 and a fit from a bucket with ``data.cache_size`` stopped with ``KeyError: <chunk>`` in ``close`` when the
 two met (seen at step 3 of a 12-step fit, 4,096-token chunks, a 40 KB cap).
+
+``release``: what the data module's ``teardown`` calls. litdata's reader starts a chunk thread
+(``PrepareChunksThread``, with asyncio download threads) the first time a remote dataset (a local one has
+none) is read, and stops it only at the end of an epoch or when the reader is collected; but the shuffler's
+``lru_cache`` (a class attribute: ``FullShuffle.get_chunks_and_intervals_per_workers``, ``Shuffle.get_len``)
+keeps the shuffler, its cache and so the reader alive for the life of the process. A fit that stops mid-epoch
+(``max_steps``, ``limit_val_batches``, an error) therefore left one such thread per dataset running, polling
+and downloading, in a notebook, a sweep driver or a test session; and since litdata makes a new reader at each
+iteration, each validation run capped by ``limit_val_batches`` left one more. ``Stream`` stops its last
+reader's thread when it is iterated again; ``release`` stops and joins them and lets the readers go. litdata's
+files (the cache) are left as they are, and a dataset released is read again from the start of a new reader.
 """
 from __future__ import annotations
 
@@ -18,6 +29,7 @@ import functools
 import itertools
 import re
 import threading
+import time
 import warnings
 from typing import Any, Optional
 
@@ -107,9 +119,11 @@ def tokens_loader(block_size: int, remote: bool):
     return (_locked_tokens_loader() if remote else TokensLoader)(block_size=block_size)
 
 
-def __getattr__(name: str):  # ``loaders.LockedTokensLoader``: made on first use, picklable by name
+def __getattr__(name: str):  # ``loaders.LockedTokensLoader``, ``loaders.Stream``: made on first use, picklable
     if name == "LockedTokensLoader":
         return _locked_tokens_loader()
+    if name == "Stream":
+        return _stream_class()
     raise AttributeError(name)
 
 
@@ -141,3 +155,58 @@ def same_batch_count_on_every_rank(loaders: list) -> list:
         warnings.warn("a validation split holds fewer blocks than data.batch_size on some rank: validation runs no "
                       "batch there; lower data.batch_size or prepare a larger --val-fraction", stacklevel=2)
     return [FirstBatches(loader, n) for loader, n in zip(loaders, fewest)]
+
+
+def _stop(dataset) -> list:
+    """Stop the chunk thread of ``dataset``'s current reader (it returns at its next poll, 0.1 s, or after the
+    download it is in) and let the reader go; the threads stopped."""
+    reader = getattr(getattr(dataset, "cache", None), "_reader", None)
+    thread = getattr(reader, "_prepare_thread", None)
+    if thread is not None:
+        thread.force_stop()
+        reader._prepare_thread = None
+    shuffler = getattr(dataset, "shuffler", None)
+    if shuffler is not None:
+        shuffler.cache = None  # the lru_cache keeps the shuffler, no longer the reader behind it
+    dataset.cache = dataset.shuffler = None  # the next iteration makes both again, as litdata does at each one
+    return [thread] if thread is not None else []
+
+
+def _join(threads: list, timeout: float) -> list:
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [t for t in threads if t.is_alive()]
+
+
+@functools.lru_cache(maxsize=None)
+def _stream_class():
+    from litdata import StreamingDataset
+
+    class Stream(StreamingDataset):
+        """litdata's ``StreamingDataset`` whose reader's chunk thread ends when the reader is left: at the next
+        iteration (litdata makes a new reader each time; a validation run capped by ``val_batches`` left the
+        last one's thread running) and at ``release`` (module docstring)."""
+
+        def __iter__(self):
+            _join(_stop(self), JOIN_S)  # one reader's downloads at a time into the cache
+            return super().__iter__()
+
+    Stream.__module__, Stream.__qualname__, Stream.__name__ = __name__, "Stream", "Stream"
+    return Stream
+
+
+#: how long stopping a reader waits for its chunk thread (busy with a download: until it is done)
+JOIN_S = 10.0
+
+
+def stream(**kwargs):
+    """A ``Stream`` (litdata's ``StreamingDataset`` with ``kwargs``)."""
+    return _stream_class()(**kwargs)
+
+
+def release(datasets, timeout: float = JOIN_S) -> list:
+    """Stop the chunk thread of each litdata dataset in ``datasets`` and let its reader go; wait at most
+    ``timeout`` seconds in all for the threads to end. The threads still alive then (one whose download
+    outlasted the wait; it ends after it)."""
+    return _join([t for ds in datasets for t in _stop(ds)], timeout)
