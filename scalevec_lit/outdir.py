@@ -38,8 +38,9 @@ from .errors import UserError, notice
 from .processes import alive
 
 MANIFEST = ".scalevec_manifest.json"
-#: manifests of older versions: file name -> (command, the entries it wrote when the file lists none)
-LEGACY_MANIFESTS = {".prepare_manifest.json": ("prepare", ("train", "val", "meta.json", ".prepare_manifest.json"))}
+#: manifests of older versions: file name -> (command, the entries it wrote when the file lists none, a list:
+#: as those versions read it, a legacy manifest without "writes" lists them; ``MANIFEST`` must list its own)
+LEGACY_MANIFESTS = {".prepare_manifest.json": ("prepare", ["train", "val", "meta.json", ".prepare_manifest.json"])}
 MODEL_COMMANDS = ("export", "import", "convert")
 #: which earlier outputs a command may replace (with --overwrite)
 OWNERS = {"prepare": ("prepare",), **{c: MODEL_COMMANDS for c in MODEL_COMMANDS}, "inspect": ("inspect",),
