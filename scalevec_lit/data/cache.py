@@ -72,7 +72,8 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def _remove_stale(root: Path) -> None:
-    """Remove ``*.tmp.<pid>`` downloads of processes that are gone."""
+    """Remove ``*.tmp.<pid>`` downloads (``*.tmp.<thread>.<pid>`` from ``Remote.download``) of processes that are
+    gone."""
     for tmp in root.rglob("*.tmp.*"):
         pid = tmp.name.rsplit(".", 1)[-1]
         if pid.isdigit() and not alive(int(pid)):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -195,10 +196,12 @@ class Remote:
 
     def download(self, rel: str, dest: Path, size: Optional[int] = None, sha256: Optional[str] = None,
                  fix: str = "") -> None:
-        """``rel`` into ``dest`` (written beside it, then renamed), its size and SHA-256 checked on the way."""
+        """``rel`` into ``dest`` (written beside it, then renamed), its size and SHA-256 checked on the way. Each
+        thread writes its own file (``<name>.tmp.<thread>.<pid>``): two threads of a process may fetch the same
+        chunk at once (two data modules over one bucket, a reader's last download and the next reader's)."""
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f"{dest.name}.tmp.{os.getpid()}")
+        tmp = dest.with_name(f"{dest.name}.tmp.{threading.get_ident()}.{os.getpid()}")  # the pid last: cache.py
         digest = hashlib.sha256()
 
         def get():
