@@ -19,7 +19,8 @@ place of the old ones, otherwise ``out`` is left exactly as it was. The rules:
   refused before anything moves;
 - on any error, ``KeyboardInterrupt`` included, the temporary sibling is removed, and so are the parent
   folders this call created: nothing is left behind. A process killed outright (SIGKILL) leaves its
-  temporary sibling; the next command writing there names it (``warning:``) so that it can be deleted.
+  temporary sibling; the next command writing there names it (``warning:``) so that it can be deleted;
+- a stop signal swallowed by code the command ran stops it before anything moves; one during the move waits.
 
 Plain Python: must not import torch or Lightning.
 """
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
+from . import stopsignal
 from .errors import UserError, notice
 from .processes import alive
 
@@ -125,7 +127,7 @@ def inspect(folder: Path, command: str, ignore: Optional[Path] = None) -> Holdin
 class Claim:
     """What the folder rule (``OutputFolder``) and the file rule (``outfile.OutputFile``) share: a command's
     output, its inputs, the temporary sibling it writes into and the parent folders made for it. A subclass
-    gives ``check()`` (refuse what may not be written) and ``commit()`` (move the new files in)."""
+    gives ``check()`` (refuse what may not be written) and ``_commit()`` (move the new files in)."""
 
     def __init__(self, out: str | Path, *, command: str, key: str = "--out",
                  inputs: Iterable[tuple[str, str | Path]] = (), overwrite: bool = False) -> None:
@@ -153,6 +155,14 @@ class Claim:
         """Remove the temporary sibling and the parent folders this claim created."""
         discard(self.tmp, self.created)
         self.tmp = None
+
+    def commit(self) -> list[str]:
+        """``_commit()``, the names moved in; first a stop swallowed meanwhile stops it, one during it waits."""
+        with stopsignal.held():
+            stopsignal.raise_if_swallowed()  # e.g. taken by a library's clean-up: nothing moves, exit 128 + N
+            names = self._commit()
+            stopsignal.written(self.command, f"{self.out} holds the complete output of {self.command}")
+        return names
 
     @contextmanager
     def all_or_nothing(self) -> Iterator[Path]:
@@ -206,7 +216,7 @@ class OutputFolder(Claim):
                             "removed) or choose another folder")
         return held
 
-    def commit(self) -> list[str]:
+    def _commit(self) -> list[str]:
         """Move the new entries in place of the old ones; returns the new entries (the manifest last)."""
         assert self.tmp is not None
         held = self.check()  # again: another process may have written there in the meantime
@@ -221,8 +231,7 @@ class OutputFolder(Claim):
         if not self.real.exists():
             os.rename(self.tmp, self.real)
         elif not (held.ours and not held.foreign and self.tmp.parent != self.real and self._swap()):
-            inside = self.tmp.parent == self.real  # the user's files beside ours, an empty folder, or one that
-            #                                        cannot be renamed: entry by entry
+            inside = self.tmp.parent == self.real  # entry by entry: user's files beside ours, an empty folder, a mount point
             trash = self.real / f".scalevec.old-{os.getpid()}" if inside else free_sibling(self.real, "old")
             move_in(self.tmp, self.real, sorted(held.ours), [*new, MANIFEST], trash)
         self.tmp = None

@@ -80,7 +80,7 @@ class OutputFile(Claim):
             raise self._error(f"a file beside it, {_names(clash)}, was not written by {self.command} and would have "
                               "to be replaced", "move it away or choose another --out")
 
-    def commit(self) -> list[str]:
+    def _commit(self) -> list[str]:
         """Move the new files in place of the old ones; returns the names written (the manifest last)."""
         assert self.tmp is not None
         ours = self.check()  # again: another process may have written there in the meantime
