@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 
 class InterruptStudyAt(Callback):
     """At the end of optimizer step ``step`` (``trainer.global_step == step``), send SIGINT to the parent process
-    (the study runner) and wait until the runner's SIGTERM has reached this run's checkpoint callback, so that
+    (the study runner) and wait until the runner has passed it on to this run's checkpoint callback, so that
     the run stops at exactly this step. Never again after a resume past it."""
 
     def __init__(self, step: int = 1) -> None:

@@ -65,7 +65,7 @@ def test_an_interrupted_and_resumed_study_keeps_the_uninterrupted_endpoint(prepa
     first = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 130, first.stdout[-2000:] + first.stderr[-2000:]
     root = tmp_path / "runs" / "interrupted" / "seed1"
-    assert not (root / st.DONE).exists() and "stopped by SIGTERM at step 7" in (root / "log.txt").read_text()
+    assert not (root / st.DONE).exists() and "stopped by SIGINT at step 7" in (root / "log.txt").read_text()
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert "resume interrupted/seed1" in again.stdout

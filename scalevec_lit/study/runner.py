@@ -4,6 +4,9 @@ A run is complete when ``done.json`` exists (its endpoint, final validation loss
 code's commit); ``run_study`` skips complete runs and resumes incomplete ones from their newest checkpoint
 (``--ckpt_path last``), or starts them again when they have none. ``--parallel N`` runs N at once.
 
+A stop signal (Ctrl-C, SIGTERM, SIGUSR1, SIGHUP) makes each run in progress save its current step once and
+stop, and ``run`` exit with 128 + the signal; a second one kills the runs at once (``stopping.py``).
+
 Provenance: the runner records the git commit of the code that runs (the folder holding the imported
 ``scalevec_lit``) and whether that folder has uncommitted changes under ``scalevec_lit/``, ``callbacks/``
 or ``recipes/``, in ``study_meta.json`` and in every ``done.json``. A study whose runs were made at one
@@ -20,7 +23,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -28,12 +30,13 @@ from typing import Optional
 import yaml
 
 from ..errors import UserError
-from ..stopsignal import StopSignal, name as signal_name
+from ..stopsignal import StopSignal
 from .events import collect_done, endpoint, read_scalars, run_endpoint, scheduled, validation_schedule
 from .spec import CKPT_DIR, DONE, VAL_TAG, Run, Study, fit_command, fmt_lr, run_callbacks, run_dir
 from .regime import params_from_log, trained_tokens
 from .secondary import endpoints_of, power_line
 from .stats import best_lr
+from .stopping import Runs, dies_with_runner, killed_line, stopped_line
 
 
 def now() -> str:
@@ -93,12 +96,14 @@ def _start(study: Study, run: Run, out: Path, env: dict) -> tuple[subprocess.Pop
                                                         sort_keys=False))
     cmd = fit_command(study, variant, run.seed, root, run.lr)
     (root / "cmd.txt").write_text(" ".join(cmd) + "\n")
-    log = open(root / "log.txt", "a")
-    log.write(f"\n=== {now()} {'resume' if resuming else 'start'}: {' '.join(cmd)}\n")
-    log.flush()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    log.close()
     print(f"[study] {now()} {'resume' if resuming else 'start '} {run.label()}", flush=True)
+    with open(root / "log.txt", "a") as log:  # nothing that can fail comes after Popen: the runner registers it
+        log.write(f"\n=== {now()} {'resume' if resuming else 'start'}: {' '.join(cmd)}\n")
+        log.flush()
+        # its own session: a Ctrl-C at the terminal or a signal to the runner's group reaches the runner only,
+        # which passes it on once (``stopping.py``); no terminal input either; it dies with a killed runner
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, preexec_fn=dies_with_runner())
     return proc, root, time.time()
 
 
@@ -167,11 +172,12 @@ def _finish(study: Study, run: Run, root: Path, rc: int, t0: float, provenance: 
     return True
 
 
-def stopped_line(signum: int, runs: int) -> str:
-    """The line of a study stopped by ``signum`` (the runner's own) while ``runs`` runs were in progress."""
-    return (f"stopped by {signal_name(signum)} during study: its {runs} run(s) in progress were stopped (each one's "
-            "log.txt says at which step); run the same command again: complete runs are skipped, the others resume "
-            "from their newest checkpoint")
+def _say(line: Optional[str]) -> None:
+    if line:
+        try:
+            print(f"[study] {now()} {line}", flush=True)
+        except OSError:  # its terminal is gone (SIGHUP)
+            pass
 
 
 def _meta(study: Study, out: Path, parallel: int, provenance: dict, allow_code_change: bool) -> None:
@@ -230,35 +236,37 @@ def run_study(study: Study, out: Path, parallel: int = 1, dry_run: bool = False,
     env.setdefault("OMP_NUM_THREADS", "1" if parallel > 1 else env.get("OMP_NUM_THREADS", ""))
     if not env["OMP_NUM_THREADS"]:
         env.pop("OMP_NUM_THREADS")
-    running: list[tuple[subprocess.Popen, Run, Path, float]] = []
+    runs, started = Runs(), {}
     failed = 0
-
-    def _terminated(signum, frame):  # SIGTERM stops the runs too (SIGKILL: kill the process group), and is named
-        raise StopSignal(signum)
-
-    previous = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is threading.main_thread() else None
+    previous = runs.install()
     try:
-        while todo or running:
-            while todo and len(running) < max(1, parallel):
-                r = todo.pop(0)
-                proc, root, t0 = _start(study, r, out, env)
-                running.append((proc, r, root, t0))
-            time.sleep(0.5)
-            for item in list(running):
-                proc, r, root, t0 = item
-                if proc.poll() is not None:
-                    running.remove(item)
-                    failed += not _finish(study, r, root, proc.returncode, t0, provenance)
-    except (KeyboardInterrupt, StopSignal) as err:  # Ctrl-C or any stop signal (``stopsignal.py``): stop the runs too
-        for proc, *_ in running:
-            proc.terminate()
-        for proc, *_ in running:
-            proc.wait()
-        if isinstance(err, StopSignal) and running:  # the line names the runner's own signal (run_guarded prints it)
-            raise StopSignal(err.signum, stopped_line(err.signum, len(running))) from None
-        raise
+        try:
+            while (todo and not runs.got) or runs.procs:
+                while todo and not runs.got and len(runs.procs) < max(1, parallel):
+                    r = todo.pop(0)
+                    proc, root, t0 = _start(study, r, out, env)
+                    runs.add(proc)
+                    started[proc.pid] = (r, root, t0)
+                _say(runs.news())
+                time.sleep(0.5 if not runs.got else 0.1)
+                for proc in list(runs.procs):
+                    rc = runs.exited(proc)
+                    if rc is None:
+                        continue
+                    r, root, t0 = started.pop(proc.pid)
+                    if not runs.got or rc == 0 or _diverged(root):  # a run stopped by the signal is not a failure
+                        failed += not _finish(study, r, root, rc, t0, provenance)
+            _say(runs.news())
+        except BaseException:  # the runner failed: its runs save their step and stop (a signal now kills them)
+            if not runs.got:
+                runs.handler(signal.SIGTERM, None)
+            runs.wait()
+            raise
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        runs.restore(previous)
+    if len(runs.got) > 1:
+        raise StopSignal(runs.got[1], killed_line(runs.got[1]))
+    if runs.got:  # the line names the runner's own signal (run_guarded prints it)
+        raise StopSignal(runs.got[0], stopped_line(runs.got[0], runs.passed_on()))
     print(f"[study] {now()} finished: {failed} failed", flush=True)
     return failed
