@@ -246,6 +246,7 @@ def test_a_run_dies_with_a_killed_runner(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     fake = subprocess.Popen([sys.executable, "-c", KILLED_RUNNER, str(tmp_path)], env=env, stdout=subprocess.PIPE,
                             text=True)
+    run = None
     try:
         fake.stdout.readline()  # [study] ... start  baseline/seed1
         run = int(fake.stdout.readline())
@@ -257,3 +258,5 @@ def test_a_run_dies_with_a_killed_runner(tmp_path):
         fake.kill()
         fake.wait()
         fake.stdout.close()
+        if run is not None and _alive(run):
+            os.kill(run, signal.SIGKILL)
