@@ -13,9 +13,7 @@ folder, and a checkpoint on SIGINT/SIGTERM/SIGUSR1.
   or a fresh run into a folder holding an earlier run's checkpoints, is refused with the fix;
 - during training, SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (SLURM's pre-emption warning, see
   ``launch/slurm_fit.sbatch``) finish the current step, save a checkpoint at that step (and ``last``),
-  stop the trainer (``trainer.should_stop``) and make the CLI exit with 128 + the signal number; a second
-  signal stops at once, without saving. With several processes the ranks agree every
-  ``stop_check_every_n_steps`` steps (one small all-reduce), so they stop at the same step;
+  stop the trainer and make the CLI exit with 128 + the signal number (``_stop_signals.py``);
 - the final step of a run that ends normally is always saved, once (``_final_save.py``).
 
 The checkpoint code of the library lives here, except two Lightning-free parts of ``scalevec_lit/checkpoint/``:
@@ -27,9 +25,7 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import signal
 import zipfile
-import threading
 from pathlib import Path
 from typing import Any, Optional
 
@@ -37,18 +33,15 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from scalevec_lit import stopsignal
-from scalevec_lit.errors import notice
 from scalevec_lit.lit import reshard
 from scalevec_lit.runlock import LOCK, acquire_folder, check_lineage, release_folder
 from scalevec_lit.checkpoint.verify import unreadable, verify_checkpoint, write_failure
 
 from ._async_write import AsyncSaves, BackgroundWriter, DistributedAsync, snapshot
 from ._final_save import FinalSave
+from ._stop_signals import STOP_SIGNALS, StopSignals
 
-__all__ = ["SafeModelCheckpoint", "SafeCheckpointIO"]
-
-STOP_SIGNALS = stopsignal.STOP_SIGNALS
+__all__ = ["SafeModelCheckpoint", "SafeCheckpointIO", "STOP_SIGNALS"]
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
@@ -139,7 +132,7 @@ def stopped_by_signal(trainer) -> int:
     return max((getattr(cb, "stop_exit_code", 0) for cb in trainer.callbacks), default=0)
 
 
-class SafeModelCheckpoint(AsyncSaves, FinalSave, reshard.WorldRecord, ModelCheckpoint):
+class SafeModelCheckpoint(AsyncSaves, StopSignals, FinalSave, reshard.WorldRecord, ModelCheckpoint):
     """``ModelCheckpoint`` whose default folder survives restarts, whose writes are atomic, which owns its
     folder for the run and saves on a stop signal.
 
@@ -159,7 +152,7 @@ class SafeModelCheckpoint(AsyncSaves, FinalSave, reshard.WorldRecord, ModelCheck
         self.async_save = bool(async_save)
         self._dcp_async: Optional[DistributedAsync] = None
         self.stop_check_every_n_steps = max(1, int(stop_check_every_n_steps))
-        self.stop_signal: Optional[int] = None  # the signal that stopped the run
+        self.stop_signal: Optional[int] = None  # the signal that stopped the run (``_stop_signals.py``)
         self.stop_exit_code = 0
         self._received: Optional[int] = None
         self._previous_handlers: dict[int, Any] = {}
@@ -234,72 +227,24 @@ class SafeModelCheckpoint(AsyncSaves, FinalSave, reshard.WorldRecord, ModelCheck
         self._restore_handlers()
         self._unlock()
 
-    # -- stop signals ---------------------------------------------------------------------------------
+    # -- the run: its stop signals (``_stop_signals.py``), its final step (``_final_save.py``) -------------
     def on_train_start(self, trainer, pl_module) -> None:
         # trainer.ckpt_path (``last`` resolved) is known for every strategy only now, before any write
         self._on_rank_zero(trainer, lambda: check_lineage(self.dirpath, trainer.ckpt_path))
         super().on_train_start(trainer, pl_module)
         self._started(trainer)
-        self._received, self.stop_signal, self.stop_exit_code = None, None, 0
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum in STOP_SIGNALS:
-            self._previous_handlers[signum] = signal.getsignal(signum)
-            signal.signal(signum, self._on_signal)
-        stopsignal.enter_training()
-        stopsignal.at_step(trainer.global_step)
+        self.take_signals(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.save_final(trainer)  # before Lightning's save_last there, which would take this step
         super().on_train_end(trainer, pl_module)
         self.wait_for_writes(trainer)
-        stopsignal.leave_training(trainer.global_step)  # a signal now waits for the last writes
-        if self._received is not None and self.stop_signal is None:  # arrived after the last step's check
-            stopsignal.remember(self._received)
-        self._restore_handlers()
-
-    def _on_signal(self, signum: int, frame) -> None:
-        if self._received is not None:  # the second one: stop at once, as without this callback
-            self._restore_handlers()
-            signal.raise_signal(signum)
-            return
-        self._received = signum
-        notice(f"received {signal.Signals(signum).name}: saving a checkpoint at the end of this step, then stopping "
-               "(send it again to stop at once, without saving)")
-
-    def _restore_handlers(self) -> None:
-        for signum, handler in self._previous_handlers.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        self._previous_handlers = {}
+        self.release_signals(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        stopsignal.at_step(trainer.global_step)
-        self._stop_on_signal(trainer)
+        self.stop_if_signalled(trainer)
         self.save_at_last_step(trainer)
-
-    def _stop_on_signal(self, trainer) -> None:
-        received = self._received
-        if trainer.world_size > 1:
-            if trainer.global_step % self.stop_check_every_n_steps:
-                return
-            stop = trainer.strategy.reduce_boolean_decision(received is not None, all=False)
-            received = received or (signal.SIGTERM if stop else None)
-        if received is None or self.stop_signal is not None:
-            return
-        self.stop_signal = received
-        self.stop_exit_code = 128 + int(received)
-        candidates = self._monitor_candidates(trainer)
-        path = self.format_checkpoint_name(candidates)
-        if self._last_global_step_saved != trainer.global_step:
-            self._save_checkpoint(trainer, path)
-        else:
-            path = self._last_checkpoint_saved
-        if self.save_last:
-            self._save_last_checkpoint(trainer, candidates)
-        trainer.should_stop = True
-        notice(f"stopped by {signal.Signals(received).name} at step {trainer.global_step}: saved {path}; resume "
-               "with the same command and --ckpt_path last")
 
     def _find_last_checkpoints(self, trainer) -> set[str]:
         """Every complete checkpoint in the folder (Lightning resumes from the newest): a run killed between
