@@ -1,5 +1,6 @@
-"""The data module's loaders: litdata's ``StreamingDataLoader`` that follows a moved folder on resume and
-stops with the data's own error; the same validation batch count on every rank.
+"""The data module's loaders: litdata's ``StreamingDataLoader`` that follows a moved folder on resume, keeps
+the data position a global count after a resume on another world size (``elastic_state``) and stops with
+the data's own error; the same validation batch count on every rank.
 
 A failure while a chunk is fetched (a remote object gone, a checksum that differs, the endpoint down after
 its retries: ``remote.py``) happens in litdata's prefetch thread or in a loader worker process, and reaches
@@ -60,11 +61,20 @@ def relocating_loader():
 
     class RelocatingLoader(StreamingDataLoader):
         relocate = None
+        resumed_at = None  # the global sequence count an elastic resume started this epoch from (elastic_state)
 
         def load_state_dict(self, obj: dict[str, Any]) -> None:
+            if hasattr(self.dataset, "_elastic_drop_first"):
+                self.dataset._elastic_drop_first = None  # litdata sets it again on an elastic resume only
             super().load_state_dict(self.relocate(obj) if self.relocate is not None else obj)
+            self.resumed_at = getattr(self.dataset, "_elastic_drop_first", None)
+
+        def state_dict(self) -> dict[str, Any]:
+            return elastic_state(super().state_dict(), self.resumed_at, self._num_samples_yielded_streaming)
 
         def __iter__(self):
+            if not self.restore:  # a new epoch: litdata forgets the resume too
+                self.resumed_at = None
             it = super().__iter__()
             while True:
                 try:
@@ -79,6 +89,23 @@ def relocating_loader():
                 yield batch
 
     return RelocatingLoader
+
+
+def elastic_state(state: dict[str, Any], resumed_at: Optional[int], yielded: int) -> dict[str, Any]:
+    """The loader's ``state`` as a checkpoint should keep it when this epoch was resumed on another world
+    (litdata's elastic resume, ``lit/reshard.py``) from the global count ``resumed_at``, ``yielded`` sequences
+    per rank ago: marked elastic, at the global count ``resumed_at + yielded * world size``, so that the next
+    resume, on any world, deals out the rest from there. litdata's own state is wrong then: with loader worker
+    processes it loses the mark (the workers set it, not the main process), so a resume on the same world
+    replays another order; and after a resume on the same world its count misses the sequences read before
+    it (a later resume repeated them, or was refused as not matching the run's count). Otherwise unchanged."""
+    dataset = state.get("dataset")
+    if resumed_at is None or not isinstance(dataset, dict) or "sample_in_epoch" not in dataset:
+        return state
+    world = max(1, int(dataset.get("world_size", 1)))
+    dataset = {**dataset, "resume_mode": "elastic", "sample_in_epoch": int(resumed_at) + int(yielded) * world,
+               "num_samples_yielded": 0}  # litdata then deals out the rest from the global count, on any world
+    return {**state, "dataset": dataset}
 
 
 @functools.lru_cache(maxsize=None)
