@@ -42,11 +42,16 @@ def _loader_states(checkpoint: dict) -> list:
     return state if isinstance(state, list) else []
 
 
-def reshard_loops(checkpoint: dict, *, world_size: int, accumulate: int, micro_batch: int) -> Optional[str]:
+def reshard_loops(checkpoint: dict, *, world_size: int, accumulate: int,
+                  micro_batch: Optional[int]) -> Optional[str]:
     """Make ``checkpoint``'s loop counters fit a run of ``world_size`` processes accumulating ``accumulate``
     micro-batches of ``micro_batch`` sequences (in place). Returns the line to print when the world changed,
-    ``None`` when nothing changed; ``UserError`` (exit 2) when the checkpoint cannot resume on this world."""
+    ``None`` when nothing changed; ``UserError`` (exit 2) when the checkpoint cannot resume on this world.
+    ``micro_batch`` ``None``: not known yet (a module's own loader), taken as the checkpoint's here and compared
+    once the loader exists (``check_micro_batch``)."""
     saved = checkpoint.get(KEY)
+    if saved is not None and micro_batch is None:
+        micro_batch = saved["micro_batch"]
     loaders = _loader_states(checkpoint)
     if saved is None:  # a checkpoint written before this record: only on the world size litdata recorded
         old = next((s["dataset"].get("world_size") for s in loaders if isinstance(s, dict)
@@ -99,16 +104,28 @@ def reshard_loops(checkpoint: dict, *, world_size: int, accumulate: int, micro_b
 def record_of(trainer, checkpoint: dict) -> dict[str, Any]:
     """``world_record`` of a running ``trainer`` for the ``checkpoint`` it is saving."""
     return world_record(world_size=trainer.world_size, accumulate=max(1, int(trainer.accumulate_grad_batches)),
-                        micro_batch=micro_batch_of(trainer), loops=checkpoint["loops"])
+                        micro_batch=micro_batch_of(trainer) or 1, loops=checkpoint["loops"])
 
 
-def micro_batch_of(trainer) -> int:
+def micro_batch_of(trainer) -> Optional[int]:
+    """Sequences per micro-batch: the data module's ``batch_size``, else the training loader's (1 if it has
+    none); ``None`` while neither is known: a module's own ``train_dataloader()`` (or a data module without a
+    ``batch_size``) is built when training starts, after the checkpoint was read."""
     dm = getattr(trainer, "datamodule", None)
     if dm is not None and getattr(dm, "batch_size", None):
         return int(dm.batch_size)
     loader = getattr(getattr(trainer, "fit_loop", None), "_combined_loader", None)
     flat = getattr(loader, "flattened", None) or []
-    return int(getattr(flat[0], "batch_size", 1) or 1) if flat else 1
+    return int(getattr(flat[0], "batch_size", 1) or 1) if flat else None
+
+
+def check_micro_batch(saved: int, micro_batch: int) -> None:
+    """The training loader's batch size, once it exists, against the ``saved`` one (``reshard_loops`` took it
+    as equal while the loader was not built yet)."""
+    if micro_batch != saved:
+        raise UserError("batch_size", micro_batch, f"of the training data loader differs from the {saved} this "
+                        "checkpoint was written with; the data position is kept in whole micro-batches per rank",
+                        f"resume with a training loader of batch_size={saved}")
 
 
 def _clean(name: str) -> str:
@@ -166,13 +183,25 @@ class WorldRecord:
         if "loops" in checkpoint:
             checkpoint[KEY] = record_of(trainer, checkpoint)
 
+    _micro_batch_to_check: Optional[int] = None  # the checkpoint's, when this run's was not known on load
+
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(trainer, pl_module, checkpoint)
+        self._micro_batch_to_check = None
         if "loops" not in checkpoint or trainer.state.fn != "fit":
             return
+        micro_batch = micro_batch_of(trainer)
+        if micro_batch is None and checkpoint.get(KEY) is not None:
+            self._micro_batch_to_check = checkpoint[KEY]["micro_batch"]
         line = reshard_loops(checkpoint, world_size=trainer.world_size,
-                             accumulate=max(1, int(trainer.accumulate_grad_batches)), micro_batch=micro_batch_of(trainer))
+                             accumulate=max(1, int(trainer.accumulate_grad_batches)), micro_batch=micro_batch)
         if line is not None and trainer.is_global_zero:
             from ..notices import notice
 
             notice(line)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        saved, self._micro_batch_to_check = self._micro_batch_to_check, None
+        if saved is not None:  # the training loader exists now, before the first step
+            check_micro_batch(saved, micro_batch_of(trainer) or 1)
