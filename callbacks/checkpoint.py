@@ -245,6 +245,7 @@ class SafeModelCheckpoint(AsyncSaves, StopSignals, FinalSave, reshard.WorldRecor
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         self.stop_if_signalled(trainer)
         self.save_at_last_step(trainer)
+        self.keep_step_end(trainer)
 
     def _find_last_checkpoints(self, trainer) -> set[str]:
         """Every complete checkpoint in the folder (Lightning resumes from the newest): a run killed between
