@@ -99,11 +99,12 @@ class StopAt(pl.Callback):
             trainer.should_stop = True
 
 
-def _fit(folder: Path, max_steps: int, *, monitor=None, every=5, stop_at=None, ckpt_path=None, epochs=None) -> Tiny:
+def _fit(folder: Path, max_steps: int, *, monitor=None, every=5, stop_at=None, ckpt_path=None, epochs=None,
+         filename="step{step:03d}", mode="max") -> Tiny:
     from scalevec_lit.callbacks import SafeModelCheckpoint
 
-    cb = SafeModelCheckpoint(dirpath=folder, filename="step{step:03d}", auto_insert_metric_name=False,
-                             every_n_train_steps=every, save_last=True, monitor=monitor, mode="max",
+    cb = SafeModelCheckpoint(dirpath=folder, filename=filename, auto_insert_metric_name=filename is None,
+                             every_n_train_steps=every, save_last=True, monitor=monitor, mode=mode,
                              save_top_k=1 if monitor else -1)
     callbacks = [cb] + ([StopAt(stop_at)] if stop_at else [])
     trainer = pl.Trainer(accelerator="cpu", max_steps=max_steps, max_epochs=epochs, logger=False, enable_progress_bar=False,
@@ -179,3 +180,10 @@ def test_the_command_line_resumes_the_final_step_of_a_monitored_run_exactly(capf
     assert resumed["global_step"] == reference["global_step"] == 12
     assert (resumed["epoch"], resumed["loops"]) == (reference["epoch"], reference["loops"])
     assert _equal(resumed["state_dict"], reference["state_dict"])
+
+
+def test_the_final_checkpoint_is_named_with_the_epoch_of_its_step(tmp_path):
+    """Lightning's default name (``epoch=E-step=S``): the final step 7, the best with ``mode: min``, is in epoch 0,
+    as a save on the cadence names it (before: ``epoch=1-step=7.ckpt``, the epoch marked done)."""
+    _fit(tmp_path, 7, monitor="score", mode="min", filename=None)
+    assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["epoch=0-step=7.ckpt", "last.ckpt"]
