@@ -7,8 +7,10 @@ started a new epoch: other batches, other weights).
   (saved at ``on_train_end``) or stopped by ``trainer.should_stop`` at step 7 (as ``max_time`` stops), resumed
   to 20 steps: the same batches at steps 7-19 and the same weights, bit for bit, as an uninterrupted 20-step
   run (this loader, like litdata's, carries its epoch in its state, so the epoch Lightning counts shows from
-  the next epoch on: step 16); a run whose last step ends the epoch (16 steps) keeps the epoch's end;
-- the final checkpoint's loop state and epoch equal those of a cadence save at that step;
+  the next epoch on: step 16); a run whose last step ends the epoch (16 steps, before: it took one more batch
+  in that epoch and ended it), a final step validated before the save (not validated again), ``max_epochs``
+  1 then 2;
+- the final checkpoint's loop state and epoch equal those of a cadence save at that step, its name too;
 - the command line, the library's data module: ``fit`` 7 steps with a ``monitor``, ``--ckpt_path last`` to 12
   steps, the weights of an uninterrupted 12-step run (the learning-rate schedule fixed at 12 steps: by default
   it follows each run's ``max_steps``).
@@ -29,9 +31,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 class Resumable:
     """16 batches of 4 samples (and the batch's index) in an order shuffled per epoch, resumable in the middle of
     an epoch as litdata's loader is: its state is the epoch it reads and the batches it handed out (Lightning
-    reads a loader of known length without reading ahead: the batches training took). A fresh epoch takes the epoch Lightning sets (``sampler.set_epoch``, before each epoch's iterator); a resumed
-    one, whose iterator Lightning starts before it sets the epoch, its own: the rest of that epoch, or the next
-    epoch when it had run out."""
+    reads a loader of known length without reading ahead: the batches training took). A fresh epoch takes the
+    epoch Lightning sets (``sampler.set_epoch``, before each epoch's iterator); a resumed one, whose iterator
+    Lightning starts before it sets the epoch, its own: the rest of that epoch, or the next epoch when it had
+    run out."""
 
     def __init__(self) -> None:
         g = torch.Generator().manual_seed(0)
@@ -100,16 +103,16 @@ class StopAt(pl.Callback):
 
 
 def _fit(folder: Path, max_steps: int, *, monitor=None, every=5, stop_at=None, ckpt_path=None, epochs=None,
-         filename="step{step:03d}", mode="max") -> Tiny:
+         filename="step{step:03d}", mode="max", module=None, **trainer_args) -> Tiny:
     from scalevec_lit.callbacks import SafeModelCheckpoint
 
     cb = SafeModelCheckpoint(dirpath=folder, filename=filename, auto_insert_metric_name=filename is None,
                              every_n_train_steps=every, save_last=True, monitor=monitor, mode=mode,
                              save_top_k=1 if monitor else -1)
     callbacks = [cb] + ([StopAt(stop_at)] if stop_at else [])
-    trainer = pl.Trainer(accelerator="cpu", max_steps=max_steps, max_epochs=epochs, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=callbacks)
-    module = Tiny()
+    trainer = pl.Trainer(accelerator="cpu", max_steps=max_steps, max_epochs=epochs, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks, **trainer_args)
+    module = module or Tiny()
     trainer.fit(module, ckpt_path=ckpt_path)
     assert trainer.global_step == (stop_at or (max_steps if max_steps > 0 else 16 * epochs))
     return module
@@ -133,6 +136,39 @@ def test_a_longer_run_resumed_from_the_final_checkpoint_continues_exactly(tmp_pa
     resumed = _fit(tmp_path / "run", longer, monitor=monitor, every=every, ckpt_path=tmp_path / "run" / "last.ckpt")
     assert resumed.read == {s: reference.read[s] for s in range(first, longer)}  # the same batches, in order
     assert _equal(resumed.state_dict(), reference.state_dict())  # bit for bit
+
+
+class Validated(Tiny):
+    """``Tiny`` with a validation that logs ``val_score`` = step and records the steps it ran at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.validated: list[int] = []
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_score", float(self.global_step))
+
+    def on_validation_end(self) -> None:
+        self.validated.append(self.global_step)
+
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 4), torch.zeros(8, 1)),
+                                           batch_size=4)
+
+
+def test_a_final_step_validated_before_the_save_is_not_validated_again_on_resume(tmp_path):
+    """The monitored value comes from a validation at the final step (after the step's end, whose loop state
+    the checkpoint holds; no cadence step before it, so the final save writes it): the resumed run does not
+    validate step 7 again, and continues exactly."""
+    val = dict(monitor="val_score", mode="min", every=10, val_check_interval=7, num_sanity_val_steps=0)
+    reference = _fit(tmp_path / "ref", 20, module=Validated(), **val)
+    first = _fit(tmp_path / "run", 7, module=Validated(), **val)
+    assert first.validated == [7] and reference.validated == [7, 14]
+    assert sorted(p.name for p in (tmp_path / "run").glob("*.ckpt")) == ["last.ckpt", "step007.ckpt"]  # the final save
+    resumed = _fit(tmp_path / "run", 20, module=Validated(), ckpt_path=tmp_path / "run" / "last.ckpt", **val)
+    assert resumed.validated == [14]
+    assert resumed.read == {s: reference.read[s] for s in range(7, 20)}
+    assert _equal(resumed.state_dict(), reference.state_dict())
 
 
 def test_max_epochs_1_then_2_continues_exactly(tmp_path):
