@@ -12,37 +12,11 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 
 from scalevec_lit.errors import UserError
+from plain_module import OwnLoader, pairs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _data(batch_size: int) -> DataLoader:
-    g = torch.Generator().manual_seed(0)
-    return DataLoader(TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g)),
-                      batch_size=batch_size)
-
-
-class OwnLoader(pl.LightningModule):
-    def __init__(self, batch_size: int = 4) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.lin = torch.nn.Linear(4, 1)
-        self.batch_size = batch_size
-        self.steps = 0
-
-    def training_step(self, batch, batch_idx):
-        self.steps += 1
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.lin(x), y)
-
-    def train_dataloader(self):
-        return _data(self.batch_size)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 class Data(pl.LightningDataModule):
@@ -51,7 +25,7 @@ class Data(pl.LightningDataModule):
         self.batch_size = batch_size
 
     def train_dataloader(self):
-        return _data(self.batch_size)
+        return pairs(self.batch_size)
 
 
 def _fit(folder: Path, steps: int, module, ckpt_path=None, datamodule=None) -> pl.Trainer:

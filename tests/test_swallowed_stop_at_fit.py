@@ -13,10 +13,10 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 
 from scalevec_lit import stopsignal
 from scalevec_lit.errors import run_guarded
+from plain_module import OwnLoader
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,26 +49,9 @@ class Swallow(pl.Callback):
                 pass
 
 
-class Counting(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 1)
-        self.steps = 0
-
-    def training_step(self, batch, batch_idx):
-        self.steps += 1
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.lin(x), y)
-
-    def train_dataloader(self):
-        g = torch.Generator().manual_seed(0)
-        return DataLoader(TensorDataset(torch.randn(32, 4, generator=g), torch.randn(32, 1, generator=g)), batch_size=4)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit(folder: Path, how: str, module: Counting) -> None:
+def _fit(folder: Path, how: str, module: OwnLoader) -> None:
     from scalevec_lit.callbacks import SafeModelCheckpoint
 
     cb = SafeModelCheckpoint(dirpath=folder, every_n_train_steps=2, save_top_k=-1)
@@ -80,7 +63,7 @@ def _fit(folder: Path, how: str, module: Counting) -> None:
 @pytest.mark.parametrize("how, name, code", [("del", "SIGINT", 130), ("catch", "SIGTERM", 143)])
 def test_a_stop_swallowed_while_fit_starts_stops_before_the_first_step(tmp_path, capsys, how, name, code):
     before = {s: signal.getsignal(s) for s in stopsignal.STOP_SIGNALS}
-    module = Counting()
+    module = OwnLoader()
     with pytest.raises(SystemExit) as exit_:
         _fit(tmp_path / "checkpoints", how, module)
     assert exit_.value.code == code
@@ -93,7 +76,7 @@ def test_a_stop_swallowed_while_fit_starts_stops_before_the_first_step(tmp_path,
 
 
 def test_without_a_signal_the_run_trains(tmp_path, capsys):
-    module = Counting()
+    module = OwnLoader()
     _fit(tmp_path / "checkpoints", "none", module)
     assert module.steps == 3
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")) == ["epoch=0-step=2.ckpt",
