@@ -12,7 +12,6 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
-import torch
 
 from scalevec_lit import stopsignal
 from scalevec_lit.errors import run_guarded
