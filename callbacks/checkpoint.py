@@ -39,9 +39,9 @@ from scalevec_lit.checkpoint.verify import unreadable, verify_checkpoint, write_
 
 from ._async_write import AsyncSaves, BackgroundWriter, DistributedAsync, snapshot
 from ._final_save import FinalSave
-from ._stop_signals import STOP_SIGNALS, StopSignals
+from ._stop_signals import StopSignals
 
-__all__ = ["SafeModelCheckpoint", "SafeCheckpointIO", "STOP_SIGNALS"]
+__all__ = ["SafeModelCheckpoint", "SafeCheckpointIO"]
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
