@@ -74,8 +74,7 @@ def refuse_overlap(out: str | Path, inputs: Iterable[tuple[str, str | Path]], ke
 
 @dataclass
 class Holding:
-    """What an existing output folder holds: whose output (``command``), which entries are that output's
-    (``ours``, its manifest included) and which are not (``foreign``)."""
+    """What an output folder holds: whose (``command``), its entries and manifest (``ours``), the rest (``foreign``)."""
 
     command: Optional[str] = None
     ours: set[str] = field(default_factory=set)
