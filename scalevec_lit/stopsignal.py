@@ -10,8 +10,10 @@ SIGINT (Ctrl-C), SIGTERM and SIGUSR1 mean "stop" whenever they arrive:
   the current step, saves a checkpoint and stops; a second signal stops at once, without saving;
 - after training (the last checkpoint, logger flushes) the signal is remembered and the command ends
   normally, then exits 128 + the signal (the run was complete, so scripts still see the signal);
-- any other command (``prepare``, ``export``, ``import``, ``convert``, ``generate``, ``study``) stops at once;
-  the commands that write a folder leave it as it was (they write into a temporary sibling). A signal while
+- ``study run`` passes its first signal on once to each run in progress, which saves its step and stops as
+  above, and then exits 128 + the signal; a second one kills the runs (``study/stopping.py``);
+- any other command (``prepare``, ``export``, ``import``, ``convert``, ``generate``) stops at once; the
+  commands that write an output leave it as it was (they write into a temporary sibling). A signal while
   the finished output is moved into place (``held()``) is answered when the move is over; once the output is
   in place (``written()``) the line says so (``stopped by SIGINT after prepare had finished: ...``) and the
   process ends at once with 128 + the signal (its summary may be cut short); a signal that arrives after the
@@ -23,7 +25,9 @@ SIGINT (Ctrl-C), SIGTERM and SIGUSR1 mean "stop" whenever they arrive:
 signal then prints its line and ends the process); ``errors.run_guarded`` calls ``install()`` when the command
 starts and turns ``StopSignal`` (and a bare ``KeyboardInterrupt``) into the line and the exit code. A
 ``StopSignal`` that code the command ran swallowed (a ``__del__``, a library's ``except BaseException``) is not
-lost: ``run_guarded`` answers it when the command ends (``swallowed``), with the same exit code.
+lost: every output checks for one before it moves in (``outdir.Claim.commit``, and prepare's own commit;
+``raise_if_swallowed``), so nothing is written, and ``run_guarded`` answers it when the command ends
+(``swallowed``), with the same exit code.
 Plain Python: no torch, no Lightning.
 """
 from __future__ import annotations
