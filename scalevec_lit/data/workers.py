@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Iterator
@@ -58,9 +59,19 @@ def signals_stay_ours() -> Iterator[None]:
             if child.is_alive():
                 child.kill()
                 child.join()
+        _end_progress_line()
         raise
     finally:
         if litdata_handler is not None:
             DataProcessor._signal_handler = litdata_handler
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def _end_progress_line() -> None:
+    """litdata's progress bar leaves stderr in the middle of a line; the command's one line starts on its own."""
+    try:
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr closed or gone: nothing to separate
+        pass
