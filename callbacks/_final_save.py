@@ -100,7 +100,7 @@ class FinalSave:
             self._save_topk_checkpoint(trainer, candidates)
         if self.save_last or self._last_global_step_saved != trainer.global_step:
             asked = self.save_last
-            self.save_last = asked or True  # not among the best k: last.ckpt holds the final model
+            self.save_last = asked or True  # keeps "link"; not among the best k: last.ckpt holds the final model
             try:
                 self._save_last_checkpoint(trainer, candidates)
             finally:

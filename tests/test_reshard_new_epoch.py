@@ -12,14 +12,12 @@ so after a resume from 2 readers on 1 the new epoch is 1 x 0's order, not the fi
 reads every sequence at most once. Without the reset of the resume at a new epoch, three chains fail."""
 from __future__ import annotations
 
-import copy
-import hashlib
 from pathlib import Path
 
 import pytest
 
 from scalevec_lit.data.prepare import DEFAULT_TEXT_DIR, prepare
-from test_reshard_workers import GLOBAL, MICRO, _loader
+from test_reshard_workers import GLOBAL, _read as read_steps
 
 
 @pytest.fixture(scope="module")
@@ -34,30 +32,7 @@ def tiny(tmp_path_factory) -> Path:
 
 
 def _read(monkeypatch, data, world: int, workers: int, steps: int, state=None):
-    """``steps`` optimizer steps of a ``world``-process run, a new epoch begun where the loader ends: the
-    sequences of each step (sorted hashes of all ranks), the steps that began an epoch, rank 0's state."""
-    accumulate = GLOBAL // (MICRO * world)
-    seen: list[list[str]] = [[] for _ in range(steps)]
-    starts: set[int] = set()
-    saved = None
-    for rank in range(world):
-        loader = _loader(monkeypatch, data, world, rank, workers, state)
-        batches = iter(loader)
-        for step in range(steps):
-            for micro in range(accumulate):
-                try:
-                    batch = next(batches)
-                except StopIteration:  # the end of the epoch: at a step's end only (the folder is cut so)
-                    assert micro == 0, (world, rank, step, micro)
-                    starts.add(step)
-                    batches = iter(loader)
-                    batch = next(batches)
-                seen[step] += [hashlib.sha256(row.numpy().tobytes()).hexdigest()[:16] for row in batch]
-        if rank == 0:
-            saved = copy.deepcopy(loader.state_dict())  # as a checkpoint at the end of a step
-        del batches
-    return [sorted(s) for s in seen], starts, saved
-
+    return read_steps(monkeypatch, data, world, workers, steps, state, new_epochs=True)
 
 
 @pytest.mark.parametrize("chain", [

@@ -40,22 +40,32 @@ def _loader(monkeypatch, data, world: int, rank: int, workers: int, state):
     return loader
 
 
-def _read(monkeypatch, data, world: int, workers: int, steps: int, state=None):
+def _read(monkeypatch, data, world: int, workers: int, steps: int, state=None, new_epochs: bool = False):
     """``steps`` optimizer steps of a ``world``-process run: the sequences of each step (sorted hashes of all
-    ranks) and rank 0's loader state at the end."""
+    ranks), the steps that began an epoch and rank 0's loader state at the end. With ``new_epochs`` a new
+    epoch begins where the loader ends (at a step's end only: the data is cut so); without, the end of the
+    data is an error."""
     accumulate = GLOBAL // (MICRO * world)
     seen: list[list[str]] = [[] for _ in range(steps)]
+    starts: set[int] = set()
     saved = None
     for rank in range(world):
         loader = _loader(monkeypatch, data, world, rank, workers, state)
         batches = iter(loader)
         for step in range(steps):
-            for _ in range(accumulate):
-                seen[step] += [hashlib.sha256(row.numpy().tobytes()).hexdigest()[:16] for row in next(batches)]
+            for micro in range(accumulate):
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    assert new_epochs and micro == 0, (world, rank, step, micro)
+                    starts.add(step)
+                    batches = iter(loader)
+                    batch = next(batches)
+                seen[step] += [hashlib.sha256(row.numpy().tobytes()).hexdigest()[:16] for row in batch]
         if rank == 0:
-            saved = copy.deepcopy(loader.state_dict())  # mid-epoch, as a checkpoint at the end of a step
+            saved = copy.deepcopy(loader.state_dict())  # as a checkpoint at the end of a step
         del batches
-    return [sorted(s) for s in seen], saved
+    return [sorted(s) for s in seen], starts, saved
 
 
 @pytest.mark.parametrize("chain", [
@@ -67,11 +77,12 @@ def test_every_step_reads_what_the_uninterrupted_run_read(monkeypatch, prepared_
     """``chain``: (processes, loader workers, steps) of each part of the run, each part resumed from the
     state the one before saved."""
     total = sum(steps for *_, steps in chain)
-    reference, _ = _read(monkeypatch, prepared_data, chain[0][0], chain[0][1], total)
+    reference, starts, _ = _read(monkeypatch, prepared_data, chain[0][0], chain[0][1], total)
+    assert not starts
     assert all(len(set(s)) == GLOBAL for s in reference) and len({h for s in reference for h in s}) == GLOBAL * total
     state, done = None, 0
     for world, workers, steps in chain:
-        got, state = _read(monkeypatch, prepared_data, world, workers, steps, state)
+        got, _, state = _read(monkeypatch, prepared_data, world, workers, steps, state)
         for step, sequences in enumerate(got, start=done):
             assert sequences == reference[step], (world, workers, step)
         done += steps
