@@ -1,7 +1,8 @@
 """The tokenizer an export ships: the one recorded in the checkpoint (path, file hash and content hash, as in
 ``meta.json``; an export ships exactly that tokenizer or refuses with the fix), ``--tokenizer`` (checked
 by content against the recorded one, or the one inside a native folder), a native export folder, or, for checkpoints written before the
-identity was recorded, the run's ``config.yaml`` near the checkpoint (``find_tokenizer``), written with the ``tokenizer_config.json`` and
+identity was recorded, the run's ``config.yaml`` near the checkpoint (``find_tokenizer``; the ``meta.json`` of its
+``data.data_dir`` is read where it lies, a local folder or an ``s3://`` one), written with the ``tokenizer_config.json`` and
 ``special_tokens_map.json`` transformers' AutoTokenizer reads (``write_tokenizer``).
 
 Plain Python (+ tokenizers, yaml): must not import torch, Lightning or transformers, nor the other export
@@ -14,7 +15,10 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from ..data.tokenizer import DEFAULT_TOKENIZER, Tokenizer, describe_tokenizer, same_tokenizer
+from ..data.prepared_meta import meta_location, read_meta
+from ..data.remote import is_remote
+from ..data.tokenizer import DEFAULT_TOKENIZER, Tokenizer, data_tokenizer, describe_tokenizer, same_tokenizer
+from ..errors import UserError
 from .errors import ExportError
 
 
@@ -32,23 +36,41 @@ def _run_configs(ckpt: Path) -> list[Path]:
 
 
 def _tokenizer_of_config(cfg: Path) -> tuple[Optional[Path], str]:
-    """``(tokenizer, where from)`` from a run's config.yaml; ``(None, why not)`` when it does not say."""
+    """``(tokenizer, where from)`` from a run's config.yaml; ``(None, why not)`` when it does not say. The
+    ``meta.json`` of ``data.data_dir`` is read where it lies (a local folder, or an ``s3://`` one with the
+    run's ``data.storage_options``); the tokenizer it names is a path on the machine that prepared the data:
+    used only when that file is here (and, when recorded, the same by content)."""
     import yaml
 
     data = (yaml.safe_load(cfg.read_text()) or {}).get("data") or {}
     data = data.get("init_args", data)
     if data.get("tokenizer"):
         return Tokenizer(data["tokenizer"], key=f"data.tokenizer in {cfg}").path, f"data.tokenizer of {cfg}"
-    meta = Path(str(data.get("data_dir", ""))) / "meta.json"
-    if not data.get("data_dir") or not meta.is_file():
-        return None, f"data.data_dir of {cfg} ({data.get('data_dir')!r}) has no meta.json seen from here"
-    path = json.loads(meta.read_text()).get("tokenizer")
+    data_dir = data.get("data_dir")
+    first = data_dir[0] if isinstance(data_dir, list) and data_dir else data_dir
+    key = f"data.data_dir of {cfg}"
+    try:
+        meta = read_meta(first, data.get("storage_options"), key=key) if first else None
+    except UserError as err:  # a remote meta.json that cannot be read: no guess at the tokenizer
+        raise type(err)(err.key, err.value, err.problem, f"pass --tokenizer <the tokenizer.json the data was "
+                        f"prepared with>, or {err.fix}") from None
+    where = meta_location(first) if first else None
+    if meta is None:
+        return None, f"data.data_dir of {cfg} ({data_dir!r}) has no meta.json seen from here"
+    path = meta.get("tokenizer")
     if not path or not Path(path).is_file():
+        gone = ("a path on the machine that prepared it, which is not on this one" if is_remote(first)
+                else "which is not there any more")
+        raise ExportError(f"the run's data ({where}) was prepared with the tokenizer {path!r}, {gone}; pass "
+                          "--tokenizer <tokenizer.json>")
+    recorded = data_tokenizer(meta, where)
+    if recorded and same_tokenizer(recorded, Tokenizer(path).identity()) is False:
         raise ExportError(
-            f"the run's data ({meta}) was prepared with the tokenizer {path!r}, which is not there any more; "
-            "pass --tokenizer <tokenizer.json>"
+            f"the run's data ({where}) was prepared with the tokenizer {describe_tokenizer(recorded)}, but {path!r} "
+            f"here is another one ({describe_tokenizer(Tokenizer(path).identity())}); pass --tokenizer <a copy "
+            "of the tokenizer.json the data was prepared with>"
         )
-    return Path(path), f"the tokenizer {meta} was prepared with (data.data_dir of {cfg})"
+    return Path(path), f"the tokenizer {where} was prepared with (data.data_dir of {cfg})"
 
 
 def find_tokenizer(ckpt: Optional[str | Path], explicit: Optional[str | Path] = None,

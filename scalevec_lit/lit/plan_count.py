@@ -24,16 +24,15 @@ Not counted: the CUDA context and the communication buffers (about 1–3 GiB), a
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from ..checks import config_value as _get
-from ..errors import UserError
+from ..data.prepared_meta import meta_location, read_meta
+from ..errors import RunError, UserError
 from .activations import loss_transient_per_token, saved_per_token
 
 GIB = 2 ** 30
@@ -43,6 +42,7 @@ DEFAULT_DEVICE = "H100"
 ASSUMED_DEVICES = 8  # devices: auto on a machine without GPUs
 ASSUMED_VOCAB = 32000  # the GPU recipes' vocabulary when no prepared data says otherwise
 TIGHT = 0.9
+PLAN_TRIES, PLAN_TIMEOUT = 2, 10.0  # reading a remote meta.json for the plan: at most 2 tries of 10 s each
 
 
 def device_memory(value: Optional[str]) -> tuple[int, str]:
@@ -160,15 +160,32 @@ def _recipe_devices(cfg: Any) -> Optional[int]:
     return n if n > 0 else None
 
 
-def _vocab(cfg: Any) -> tuple[Optional[int], str]:
-    """The data's vocabulary (``meta.json`` of ``data.data_dir``), or ``None`` and why it is assumed."""
+def _vocab(cfg: Any) -> tuple[Optional[int], str, Optional[str]]:
+    """The data's vocabulary (``meta.json`` of ``data.data_dir``'s first folder, local or ``s3://``, read as
+    the data module reads it: ``data/prepared_meta.py``), or ``None`` and why it is assumed; third, when that
+    ``meta.json`` could not be read, the plan's note saying why (one line: the key, the value, why, the fix),
+    else ``None``. A remote one gets at most ``PLAN_TRIES`` tries of ``PLAN_TIMEOUT`` seconds: a plan answers
+    at once. A bad ``data.storage_options`` or scheme is refused as ``fit`` refuses it."""
     data_dir = _get(cfg, "data.data_dir")
     first = data_dir[0] if isinstance(data_dir, (list, tuple)) and data_dir else data_dir
-    meta = Path(str(first)) / "meta.json" if first and "://" not in str(first) else None
-    if meta is not None and meta.is_file():
-        return int(json.loads(meta.read_text())["vocab_size"]), f"from {meta}"
-    return None, (f"assumed: no prepared data at data.data_dir ({first}); set --model.config.vocab_size "
-                  "to plan another")
+    if not first:
+        return None, "assumed: no data.data_dir; set --model.config.vocab_size to plan another", None
+    where = meta_location(first)
+    try:
+        meta = read_meta(first, _get(cfg, "data.storage_options"), tries=PLAN_TRIES, timeout=PLAN_TIMEOUT)
+        vocab = None if meta is None else int(meta["vocab_size"])
+    except RunError as err:
+        return None, "assumed: data.data_dir could not be read, see the note", (
+            f"data.data_dir: {first}: {err.value} could not be read, so the vocabulary is assumed ({err.problem}); "
+            f"set --model.config.vocab_size to the data's vocabulary to plan with it, or {err.fix}")
+    except (KeyError, TypeError, ValueError) as err:
+        return None, "assumed: data.data_dir could not be read, see the note", (
+            f"data.data_dir: {first}: {where} records no vocab_size ({type(err).__name__}: {err}), so the vocabulary "
+            f"is assumed; prepare that folder again with --output {first} --overwrite, or set --model.config.vocab_size")
+    if vocab is None:
+        return None, (f"assumed: no prepared data at data.data_dir ({first}): no {where}; set "
+                      "--model.config.vocab_size to plan another"), None
+    return vocab, f"from {where}", None
 
 
 def build_module(cfg: Any, vocab: int):
@@ -223,12 +240,13 @@ def make_plan(cfg: Any, devices: Optional[int] = None, memory: Optional[str] = N
         if dp != world:
             notes.append(f"tensor_parallel_size {world // dp}: the model is not split by tensor parallelism; "
                          f"FSDP2 shards over the {dp} data-parallel ranks")
-    data_vocab, vocab_note = _vocab(cfg)
+    data_vocab, vocab_note, unread = _vocab(cfg)
     recipe_vocab = _get(cfg, "model.config.vocab_size")
     if data_vocab is None and recipe_vocab not in (None, TransformerConfig.vocab_size):
         vocab, vocab_note = None, "model.config.vocab_size"
     else:
         vocab = data_vocab or ASSUMED_VOCAB
+        notes += [unread] if unread else []
     module = build_module(cfg, vocab)
     parallel = module.parallel
     precision = str(_get(cfg, "trainer.precision", "32-true"))
