@@ -13,7 +13,11 @@ def is_rank_zero() -> bool:
     return all(os.environ.get(k, "0") == "0" for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID"))
 
 
-def notice(message: str, kind: str = "note") -> None:
-    """One line on stderr (rank zero only): ``note: ...`` or ``warning: ...``."""
+def notice(message: str, kind: str = "note", every_rank: bool = False) -> None:
+    """One line on stderr (rank zero only): ``note: ...`` or ``warning: ...``. ``every_rank``: about this
+    process alone, printed by every rank, another rank's line naming it (``warning: rank 3: ...``)."""
     if is_rank_zero():
         print(f"{kind}: {message}", file=sys.stderr, flush=True)
+    elif every_rank:
+        rank = next(os.environ[k] for k in ("RANK", "SLURM_PROCID", "LOCAL_RANK") if os.environ.get(k, "0") != "0")
+        print(f"{kind}: rank {rank}: {message}", file=sys.stderr, flush=True)

@@ -23,6 +23,9 @@ and downloading, in a notebook, a sweep driver or a test session; and since litd
 iteration, each validation run capped by ``limit_val_batches`` left one more. ``Stream`` stops its last
 reader's thread when it is iterated again; ``release`` stops and joins them and lets the readers go. litdata's
 files (the cache) are left as they are, and a dataset released is read again from the start of a new reader.
+A thread still downloading after ``JOIN_S`` seconds is left to end on its own, and one warning line on every
+rank says so (``left_running``): a download is published only once complete (``remote.Remote.download``), so
+the cache never holds a partial chunk.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ import time
 import warnings
 from typing import Any, Optional
 
-from ..errors import RunError, UserError
+from ..errors import RunError, UserError, notice
 
 
 def user_error(err: BaseException) -> Optional[UserError]:
@@ -199,11 +202,27 @@ def _stop(dataset) -> list:
     return [thread] if thread is not None else []
 
 
-def _join(threads: list, timeout: float) -> list:
+def _join(threads: list, timeout: float, when: str) -> list:
+    """Wait at most ``timeout`` seconds in all for ``threads`` to end; those still alive, reported in one
+    warning line (``when``: what stopped them)."""
     deadline = time.monotonic() + timeout
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
-    return [t for t in threads if t.is_alive()]
+    left = [t for t in threads if t.is_alive()]
+    if left:
+        notice(left_running(len(left), timeout, when), "warning", every_rank=True)
+    return left
+
+
+def left_running(n: int, timeout: float, when: str) -> str:
+    """The line about ``n`` chunk threads still running ``timeout`` seconds after ``when``."""
+    return (f"data: {n} chunk download thread{'s' if n > 1 else ''} of litdata still running {timeout:g} s after "
+            f"{when}, left to end on {'their' if n > 1 else 'its'} own when the download in flight completes or "
+            "fails (a read stalled for data.storage_options timeout, 60 s by default, is retried up to its "
+            "retries); the cache holds no partial chunk: a download is written to <chunk>.tmp.<thread>.<pid> "
+            "and renamed only once complete and checked, and a temporary file its process left is removed by "
+            "the next run over that cache; nothing to do unless it recurs: then the endpoint is slow or stalls, "
+            "so check it, or lower data.storage_options timeout to give up on a stalled download sooner")
 
 
 @functools.lru_cache(maxsize=None)
@@ -216,7 +235,7 @@ def _stream_class():
         last one's thread running) and at ``release`` (module docstring)."""
 
         def __iter__(self):
-            _join(_stop(self), JOIN_S)  # one reader's downloads at a time into the cache
+            _join(_stop(self), JOIN_S, "a new pass over the data stopped the last one's")  # one reader at a time
             return super().__iter__()
 
     Stream.__module__, Stream.__qualname__, Stream.__name__ = __name__, "Stream", "Stream"
@@ -235,5 +254,5 @@ def stream(**kwargs):
 def release(datasets, timeout: float = JOIN_S) -> list:
     """Stop the chunk thread of each litdata dataset in ``datasets`` and let its reader go; wait at most
     ``timeout`` seconds in all for the threads to end. The threads still alive then (one whose download
-    outlasted the wait; it ends after it)."""
-    return _join([t for ds in datasets for t in _stop(ds)], timeout)
+    outlasted the wait; it ends after it), reported in one warning line (``left_running``)."""
+    return _join([t for ds in datasets for t in _stop(ds)], timeout, "the data module stopped them")
