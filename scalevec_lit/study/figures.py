@@ -192,6 +192,13 @@ def _seed_mean(per_seed: list[dict], tag: str):
     return (steps, np.mean([[dict(s[tag])[k] for k in steps] for s in per_seed], axis=0)) if steps else None
 
 
+#: what ``plot_sharpness`` draws, as ``SharpnessMonitor`` defines it (``callbacks/_hessian.preconditioner``)
+ADAM_PRECONDITIONER = "P = (1 − β₁ᵗ) diag(√v̂ + ε), v̂ = v/(1 − β₂ᵗ)"
+SHARPNESS_CAPTION = ("left, λ_max of the loss Hessian H (solid) and, for Adam/AdamW, of P^{-1/2} H P^{-1/2} with "
+                     f"{ADAM_PRECONDITIONER}, t its step count (dashed; Cohen et al. 2022); right, that over the "
+                     "stability threshold, (2 + 2β₁)/((1 − β₁)η) for Adam")
+
+
 def plot_sharpness(roots: dict[str, list[Path]], out: Path) -> list[str]:
     """``SharpnessMonitor``'s figures (``sharpness/...``) of the given variants (``name -> run roots``), mean
     over seeds: per parameter subset, λ_max of the loss Hessian (and the preconditioned λ_max, dashed) on a
@@ -238,5 +245,5 @@ def plot_sharpness(roots: dict[str, list[Path]], out: Path) -> list[str]:
     path = Path(out) / "sharpness.png"
     fig.savefig(path, dpi=80)
     plt.close(fig)
-    return [f"Sharpness (`SharpnessMonitor`, held-out batch; Adam: preconditioned by its second moment) of "
-            f"{', '.join(data)} at their best LR:", "", f"![sharpness]({path.name})", ""]
+    return [f"Sharpness (`SharpnessMonitor`, held-out batch) of {', '.join(data)} at their best LR: "
+            f"{SHARPNESS_CAPTION}:", "", f"![sharpness]({path.name})", ""]
