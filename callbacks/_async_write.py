@@ -141,6 +141,22 @@ def snapshot(obj: Any, memo: Optional[dict] = None) -> Any:
     return out
 
 
+def record_checksums(folder: Path, rank: int, world: int, rank_zero: bool, group=None) -> None:
+    """Every rank hashes its share of the written DCP folder; rank 0 writes ``checksums.json`` (collective:
+    after every rank has written, before the folder is renamed into place)."""
+    import torch.distributed as dist
+
+    from scalevec_lit.checkpoint.folder import checksum_share, write_checksums
+
+    share = checksum_share(folder, rank, world)
+    shares = [share]
+    if world > 1 and dist.is_available() and dist.is_initialized():
+        shares = [None] * world
+        dist.all_gather_object(shares, share, group=group)
+    if rank_zero:
+        write_checksums(folder, [s for s in shares if s])
+
+
 class DistributedAsync:
     """Asynchronous DCP saves of one ``ModelParallelStrategy`` run (made on first use, on every rank)."""
 
@@ -168,10 +184,11 @@ class DistributedAsync:
             torch.save(checkpoint, tmp / "meta.pt")
         trainer.strategy.barrier("safe_checkpoint_async_clean")
         future = async_save(shards, checkpoint_id=str(tmp), process_group=self.group)
-        rank_zero = trainer.is_global_zero
+        rank_zero, rank, world = trainer.is_global_zero, trainer.global_rank, trainer.world_size
 
         def finish() -> None:
-            future.result()
+            future.result()  # every rank's shards and rank 0's .metadata are written
+            record_checksums(tmp, rank, world, rank_zero, self.group)
             if rank_zero:
                 swap(tmp, final)
 

@@ -95,6 +95,7 @@ def read_checkpoint_extra(path: str | Path) -> tuple[dict[str, Any], dict[str, t
                 f"--ckpt: {str(path)!r} is a folder without .metadata (not a distributed checkpoint) and without "
                 f"{NATIVE_SPEC} (not a native export); give a .ckpt file or a checkpoint folder"
             )
+        verify_checkpoint(p, full=True)  # every shard whole, its checksums (``folder.py``)
         extra = _torch_load(p / "meta.pt") if (p / "meta.pt").is_file() else {}
         state = _read_dcp(p)
     else:

@@ -5,7 +5,8 @@ A single-file checkpoint is a torch zip archive: its structure and the CRC32 of 
 (one read of the file), so a truncated file or a flipped byte is refused with the file named, never loaded.
 The structure is checked twice, by Python's ``zipfile`` and by torch's own reader (they read the end of the
 archive differently: a damaged zip64 locator passes the first and stops the second). A distributed checkpoint
-folder must hold its shards; a folder of ``.ckpt`` files is not a checkpoint, and the error names its newest.
+folder must hold its shards, whole and with the checksums recorded when it was written (``folder.py``); a
+folder of ``.ckpt`` files is not a checkpoint, and the error names its newest.
 A member name that is not valid UTF-8 is refused like any other damage. ``write_failure`` turns a checkpoint
 write that ran out of room (torch says ``unexpected pos``) into one line with the fix.
 """
@@ -16,6 +17,8 @@ import os
 import zipfile
 from pathlib import Path
 from typing import Optional
+
+from .folder import folder_problem
 
 
 class CheckpointError(RuntimeError):
@@ -59,6 +62,9 @@ def verify_checkpoint(path: str | Path, full: bool = True) -> Path:
                     f"one of them (the newest is {str(files[-1])!r}), or --ckpt_path last to resume the newest "
                     "checkpoint of this run's own folder")
             raise unreadable(p, ValueError("a folder without distributed checkpoint shards (*.distcp)"))
+        problem = folder_problem(p, full=full)  # its shards whole, its checksums (``folder.py``)
+        if problem is not None:
+            raise unreadable(p, ValueError(problem))
         return p
     try:
         is_zip = zipfile.is_zipfile(p)

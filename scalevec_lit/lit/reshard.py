@@ -21,6 +21,7 @@ Plain Python on checkpoint dicts; ``load_one_file`` patches Lightning's re-keyin
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import UserError
@@ -152,6 +153,23 @@ def optimizer_state_by_name(state: dict, module, optimizer) -> dict:
             "param_groups": [{**g, "params": [by_index[i] for i in g["params"]]} for g in state["param_groups"]]}
 
 
+def verify_folder(path, rank: int, world: int) -> None:
+    """A DCP checkpoint folder whole and unchanged before any rank reads it (``checkpoint/folder.py``): each
+    rank checks its share of the checksums, and every rank raises the first problem found (collective)."""
+    import torch.distributed as dist
+
+    from ..checkpoint.folder import folder_problem
+    from ..checkpoint.verify import unreadable
+
+    problems = [folder_problem(path, full=True, rank=rank, world=world)]
+    if world > 1 and dist.is_available() and dist.is_initialized():
+        problems = [None] * world
+        dist.all_gather_object(problems, folder_problem(path, full=True, rank=rank, world=world))
+    problem = next((p for p in problems if p is not None), None)
+    if problem is not None:
+        raise unreadable(Path(path), ValueError(problem))
+
+
 def load_one_file(strategy) -> None:
     """Let ``strategy`` (FSDP2, ``ModelParallelStrategy``) resume a one-file checkpoint on any number of
     processes: Lightning reads it whole and shards it; its optimizer state is re-keyed by name first
@@ -161,6 +179,8 @@ def load_one_file(strategy) -> None:
     load = strategy.load_checkpoint
 
     def loading(checkpoint_path, *args, **kwargs):
+        if Path(checkpoint_path).is_dir():
+            verify_folder(checkpoint_path, strategy.global_rank, strategy.world_size)
         original = model_parallel._rekey_optimizer_state_if_needed
         optimizers = strategy.optimizers
         if len(optimizers) == 1:

@@ -1,0 +1,117 @@
+"""A distributed (DCP) checkpoint folder checked before it is read: every file it needs is there and whole,
+and no byte has changed since it was written.
+
+- **Structure** (any DCP folder, also one written before this check existed): ``.metadata`` is readable and
+  every shard file it names is there and at least as long as the bytes it says that file holds; ``meta.pt``
+  (Lightning's loop state) is a complete torch zip archive.
+- **Checksums** (folders ``SafeModelCheckpoint`` writes): ``checksums.json`` records the size and CRC32 of
+  every file, computed after every rank has written and before the folder is renamed into place; a read
+  checks them (``full``), so a flipped byte in a shard is refused instead of resumed into other weights.
+
+The work can be shared out: ``rank`` of ``world`` hashes and checks every ``world``-th file (sorted by name),
+so each process reads about 1/``world`` of the folder.
+"""
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+import zlib
+from pathlib import Path
+from typing import Optional
+
+#: the file of a DCP folder that holds every other file's size and CRC32
+CHECKSUMS = "checksums.json"
+_BLOCK = 1 << 24
+
+
+def crc32_of(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as fh:
+        while block := fh.read(_BLOCK):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS)
+
+
+def checksum_share(folder: str | Path, rank: int = 0, world: int = 1) -> dict[str, list[int]]:
+    """``{file name: [size, crc32]}`` of this rank's share of the files in ``folder``."""
+    folder = Path(folder)
+    return {name: [(folder / name).stat().st_size, crc32_of(folder / name)]
+            for name in _files(folder)[rank::max(1, world)]}
+
+
+def write_checksums(folder: str | Path, shares: list[dict[str, list[int]]]) -> None:
+    """Write ``checksums.json`` from the ranks' shares; a file no share covers (a listing that lagged on a
+    shared file system) is hashed here."""
+    folder = Path(folder)
+    entries: dict[str, list[int]] = {}
+    for share in shares:
+        entries.update(share)
+    for name in _files(folder):
+        if name not in entries:
+            entries[name] = [(folder / name).stat().st_size, crc32_of(folder / name)]
+    with open(folder / CHECKSUMS, "w") as fh:
+        json.dump({"crc32": dict(sorted(entries.items()))}, fh, indent=0)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _structure(folder: Path, full: bool) -> Optional[str]:
+    if any(folder.glob("*.distcp")) or (folder / ".metadata").exists():
+        if not (folder / ".metadata").is_file():
+            return "its .metadata (the index of the shards) is missing"
+        try:
+            from torch.distributed.checkpoint import FileSystemReader
+
+            metadata = FileSystemReader(str(folder)).read_metadata()
+        except Exception as err:  # noqa: BLE001 - any damage to the index
+            return f"its .metadata cannot be read ({type(err).__name__}: {str(err)[:200]})"
+        needed: dict[str, int] = {}
+        for info in (metadata.storage_data or {}).values():
+            end = int(info.offset) + int(info.length)
+            needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+        for name, end in sorted(needed.items()):
+            if not (folder / name).is_file():
+                return f"its shard file {name} is missing"
+            size = (folder / name).stat().st_size
+            if size < end:
+                return f"its shard file {name} holds {size} bytes, .metadata needs {end}"
+    meta = folder / "meta.pt"
+    if meta.exists():
+        try:
+            with zipfile.ZipFile(meta) as zf:
+                bad = zf.testzip() if full else None
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
+            return f"its meta.pt is not a complete torch archive ({type(err).__name__}: {err})"
+        if bad is not None:
+            return f"its meta.pt fails its checksum in member {bad!r}"
+    return None
+
+
+def folder_problem(folder: str | Path, full: bool = True, rank: int = 0, world: int = 1) -> Optional[str]:
+    """What is wrong with the DCP folder ``folder`` (this rank's share of the checksums), or ``None``."""
+    folder = Path(folder)
+    problem = _structure(folder, full)
+    if problem is not None:
+        return problem
+    record = folder / CHECKSUMS
+    if not record.is_file():
+        return None  # written before checksums were recorded: the structure is all that can be checked
+    try:
+        entries = json.loads(record.read_text())["crc32"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"its {CHECKSUMS} cannot be read ({type(err).__name__}: {err})"
+    for name in sorted(entries)[rank::max(1, world)]:
+        size, crc = entries[name]
+        path = folder / name
+        if not path.is_file():
+            return f"its file {name} is missing ({CHECKSUMS} lists it)"
+        if path.stat().st_size != size:
+            return f"its file {name} holds {path.stat().st_size} bytes, {size} were written"
+        if full and crc32_of(path) != crc:
+            return f"its file {name} fails its CRC32 (the bytes changed since it was written)"
+    return None
