@@ -18,8 +18,6 @@ from ..errors import RunError
 from .remote import Remote, check_options, is_remote, join
 
 META = "meta.json"
-#: the part of ``Remote``'s endpoint-down fix that is advice for a fit only
-_FIT_ONLY = "; a fit stopped by this"
 
 
 def meta_location(data_dir: Any) -> str:
@@ -42,10 +40,11 @@ def read_meta(data_dir: Any, storage_options: Optional[dict] = None, key: str = 
         if timeout is not None:
             options["timeout"] = min(float(options.get("timeout", timeout)), timeout)
         remote = Remote(str(data_dir), options, key=key)
+        remote.resume_hint = ""  # not a fit: nothing to resume
         try:
             raw = remote.read(META, missing_ok=True)
         except RunError as err:
-            raise RunError(key, where, err.problem, err.fix.split(_FIT_ONLY)[0]) from None
+            raise RunError(key, where, err.problem, err.fix) from None
         if raw is None:
             return None
     else:

@@ -95,6 +95,8 @@ class Remote:
         self.retries = max(1, int(self.options.get("retries", RETRIES)))
         self.retry_wait = float(self.options.get("retry_wait", RETRY_WAIT))
         self._client, self._pid = None, None
+        #: the end of an endpoint-down fix: advice for a fit; a command that is not a fit sets it to ""
+        self.resume_hint = "; a fit stopped by this resumes with --ckpt_path last once it is back"
 
     def __getstate__(self) -> dict:  # a boto3 client is neither picklable nor fork-safe: made again where used
         return {**self.__dict__, "_client": None, "_pid": None}
@@ -149,8 +151,7 @@ class Remote:
             if attempt == self.retries:
                 raise RunError(self.key, url, f"{what} failed {self.retries} times, the last with {cause} (endpoint "
                                f"{self.endpoint()})", "check that the endpoint is up and reachable (AWS_ENDPOINT_URL "
-                               "or data.storage_options endpoint_url); a fit stopped by this resumes with "
-                               "--ckpt_path last once it is back") from None
+                               "or data.storage_options endpoint_url)" + self.resume_hint) from None
             time.sleep(min(wait, MAX_WAIT) * (0.5 + random.random() / 2))
             wait *= 2
 
