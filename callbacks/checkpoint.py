@@ -157,6 +157,11 @@ class SafeModelCheckpoint(AsyncSaves, StopSignals, FinalSave, reshard.WorldRecor
         self._received: Optional[int] = None
         self._previous_handlers: dict[int, Any] = {}
         self._locked: Optional[str] = None
+        self._dirpath_given = self.dirpath is not None
+
+    def _folder_key(self) -> str:
+        """Where this callback's folder comes from, for an error about it."""
+        return "SafeModelCheckpoint's dirpath" if self._dirpath_given else "trainer.default_root_dir"
 
     def _stable_dirpath(self, trainer) -> None:
         if self.dirpath is None:
@@ -177,7 +182,7 @@ class SafeModelCheckpoint(AsyncSaves, StopSignals, FinalSave, reshard.WorldRecor
 
     # -- one run per folder ---------------------------------------------------------------------------
     def _lock(self, trainer) -> None:
-        self._on_rank_zero(trainer, lambda: acquire_folder(self.dirpath))
+        self._on_rank_zero(trainer, lambda: acquire_folder(self.dirpath, given_as=self._folder_key()))
         self._locked = self.dirpath if trainer.is_global_zero else None
 
     @staticmethod
@@ -206,7 +211,7 @@ class SafeModelCheckpoint(AsyncSaves, StopSignals, FinalSave, reshard.WorldRecor
     def lock_early(self, trainer) -> None:
         """Take the lock before ``trainer.fit`` (rank 0; the CLI calls it); ``setup`` finds it held."""
         self._stable_dirpath(trainer)
-        acquire_folder(self.dirpath)
+        acquire_folder(self.dirpath, given_as=self._folder_key())
         self._locked = self.dirpath
 
     def _unlock(self) -> None:

@@ -112,6 +112,7 @@ def check_config(cfg: Any, subcommand: str) -> None:
         _check_run_length(cfg)
         _check_learning_rate(cfg)
     _dedupe_callbacks(cfg)
+    _check_local_folders(cfg)
     if subcommand == "fit":
         _check_checkpointing(cfg)
 
@@ -147,6 +148,35 @@ def _check_checkpointing(cfg: Any) -> None:
            "of each pass over the data, and a stop signal saves nothing; add "
            "--trainer.callbacks+=scalevec_lit.callbacks.SafeModelCheckpoint "
            "--trainer.callbacks.every_n_train_steps=1000 (or start from a base recipe, which has one)", kind="warning")
+
+
+def _check_local_folders(cfg: Any) -> None:
+    """Checkpoints, the run's lock and its logs go to a file system: a URL there (``s3://...``) would be taken for
+    the local folder ``s3:/...`` by the lock and ``--ckpt_path last``, and stop at the first save with an
+    ImportError (Lightning's fsspec has no s3fs here); data may stay in a bucket (``data.data_dir``)."""
+    fix = ("give a folder on a file system every node can write (a shared disk on a cluster), and copy the "
+           "checkpoints to the bucket from there; the data can stay in the bucket (--data.data_dir s3://...)")
+    why = "a URL: checkpoints, the run's lock and its logs are written to a file system folder, not to a bucket"
+    folders = [("trainer.default_root_dir", _get(cfg, "trainer.default_root_dir"))]
+    for section, label in (("trainer.callbacks", "dirpath"), ("trainer.logger", "save_dir")):
+        items = _get(cfg, section) or []
+        for item in items if isinstance(items, list) else [items]:
+            name = str(_get(item, "class_path", "")).rsplit(".", 1)[-1]
+            folders.append((f"{section}: {name}.{label}", _get(item, f"init_args.{label}")))
+    for key, value in folders:
+        if value is not None and "://" in str(value) and not (key.endswith("save_dir") and _opens(str(value))):
+            raise UserError(key, value, why, fix)
+
+
+def _opens(url: str) -> bool:
+    """Whether fsspec (through which Lightning's loggers write) has a file system for ``url``'s scheme here."""
+    try:
+        import fsspec
+
+        fsspec.get_filesystem_class(url.split("://", 1)[0])
+        return True
+    except (ImportError, ValueError):
+        return False
 
 
 def _check_accelerator(cfg: Any) -> None:

@@ -68,10 +68,15 @@ def checkpoints_in(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix == ".ckpt" and p.name not in NOT_RESUME_POINTS)
 
 
-def acquire_folder(folder: str | Path, key: str = "trainer.default_root_dir") -> Path:
-    """Take ``folder``'s lock for this process (idempotent); refuse a folder in use by another run."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+def acquire_folder(folder: str | Path, key: str = "trainer.default_root_dir", given_as: Optional[str] = None) -> Path:
+    """Take ``folder``'s lock for this process (idempotent); refuse a folder in use by another run, and one this
+    process cannot create or write (``given_as``: the setting that named it, ``key`` when not given)."""
+    folder, setting = Path(folder), given_as or key
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a read-only or missing mount, a file in the way, no permission
+        raise UserError(setting, str(folder), f"cannot create the checkpoint folder ({err.strerror}: {err.filename})",
+                        f"set {setting} to a folder this process can create and write") from None
     lock = folder / LOCK
     mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": " ".join(sys.argv)[:500], "proc_start": _proc_start(os.getpid())}
@@ -100,6 +105,9 @@ def acquire_folder(folder: str | Path, key: str = "trainer.default_root_dir") ->
             notice(f"{lock}: taking over the lock of a run that is no longer running {gone or '(unreadable lock)'}")
             lock.unlink(missing_ok=True)
             continue
+        except OSError as err:  # a read-only file system, no permission
+            raise UserError(setting, str(folder), f"cannot write into the checkpoint folder ({err.strerror}: {lock})",
+                            f"set {setting} to a folder this process can write") from None
         with os.fdopen(fd, "w") as fh:
             json.dump(mine, fh)
         break

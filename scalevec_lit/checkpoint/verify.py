@@ -50,6 +50,9 @@ def verify_checkpoint(path: str | Path, full: bool = True) -> Path:
     """Check that ``path`` is a complete torch checkpoint; ``full`` also checks every member's CRC32
     (reads the whole file once). Raises ``CheckpointError`` naming the file."""
     p = Path(path)
+    if "://" in str(path) and not p.exists():  # Path("s3://b/x") is the local s3:/b/x
+        raise MissingCheckpointError(f"--ckpt_path: {str(path)!r}: a URL: checkpoints are read from a file system, "
+                                     "not from a bucket; copy it to a local or shared folder and give that path")
     if not p.exists():
         raise MissingCheckpointError(f"--ckpt_path: {str(path)!r}: no such checkpoint; check the path, or use "
                                      "--ckpt_path last to resume the newest checkpoint of this run's folder")
