@@ -182,7 +182,8 @@ def relocate_state(state: dict, data_dirs: list[str], fingerprints: list[Optiona
     """A saved ``StreamingDataLoader`` position (``state``) whose training folder of each source is moved to
     this run's folder (``data_dirs``) when the data are the same: the checkpoint's fingerprint (``saved``,
     from the data module's state) equals this folder's, or, for a checkpoint without one, the old folder is
-    still there with the same fingerprint. Otherwise a ``RunError`` naming both folders."""
+    still there with the same fingerprint. Otherwise a ``RunError`` naming both folders; the same folder (or
+    URL) prepared again with other data since is refused too."""
     state = copy.deepcopy(state)
     ds = state.get("dataset") or {}
     children = [ds] if "input_dir_path" in ds else [ds.get(str(i)) for i in range(len(data_dirs))]
@@ -193,10 +194,18 @@ def relocate_state(state: dict, data_dirs: list[str], fingerprints: list[Optiona
         if "://" in str(local):
             continue
         here, old = str(Path(local, "train").absolute().resolve()), child["input_dir_path"]  # as litdata resolves it
-        if "://" in d and (child.get("input_dir_url") or "").rstrip("/") == f"{d.rstrip('/')}/train":
-            child["input_dir_path"] = here  # the same URL, cached in another folder (another node, cache_dir)
-            continue
-        if old == here:
+        same_url = "://" in d and (child.get("input_dir_url") or "").rstrip("/") == f"{d.rstrip('/')}/train"
+        if same_url or old == here:
+            then = saved[i].get("fingerprint") if saved is not None and i < len(saved) else None
+            if then is not None and fingerprints[i] is not None and then != fingerprints[i]:
+                raise RunError("data.data_dir", d, "the checkpoint continues a data position in this folder, which "
+                               "has been prepared again since: it holds other data (their chunk lists or checksums "
+                               "differ), so that position would read other sequences than the run's",
+                               "give the data the checkpoint was trained on (prepare the same inputs again, into "
+                               "this folder or another), or start from its weights with a fresh data position: "
+                               "--model.init_from <checkpoint> instead of --ckpt_path")
+            if same_url:
+                child["input_dir_path"] = here  # the same URL, cached in another folder (another node, cache_dir)
             continue
         old_dir = str(Path(old).parent)
         other = "holds other data than this folder (their chunk lists or checksums differ)"
