@@ -22,7 +22,7 @@ import contextlib
 import difflib
 import re
 import traceback
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 __all__: list[str] = []  # nothing here is a callback
 
@@ -65,6 +65,10 @@ _PROBLEM = re.compile(r"Problem with given class_path '([\w.]+)': (.*?)(?: - Not
                       r"<class 'NoneType'>|$)")
 _ARG = re.compile(r'Parser key "([\w.]+)": (.*)')
 _UNKNOWN = re.compile(r"Option '([\w.]+)' is not accepted")
+_CALLABLE = re.compile(r'Parser key "([\w.]+)": Type typing\.Callable\[.*?\] expects a function or a callable class: '
+                       r"(.*?)\. Got value: Namespace\(class_path='([\w.]+)'")
+_UNION_OF = re.compile(r"Does not validate against any of the Union subtypes Subtypes: \[(.*?)\] Errors: .* Given value "
+                       r"type: <class '[^']*'> Given value: (\S+)$")
 
 
 def _arguments(class_path: str) -> list[str]:
@@ -80,24 +84,55 @@ def _arguments(class_path: str) -> list[str]:
         return []
 
 
-def argument_sentence_first(message: str) -> str:
-    """jsonargparse's refusal of one class's argument inside a Union (``trainer.callbacks``, ``model.optimizer`` …)
-    as ``<key>: <Class>.<argument>: <its sentence>; see its arguments: <the help command>``; any other message
-    unchanged."""
-    text = " ".join(str(message).split())
-    outer, problem = _UNION.search(text), _PROBLEM.search(text)
-    if outer is None or problem is None:
-        return message
-    class_path, inner = problem.group(1), problem.group(2).strip()
+def _argument_line(key: str, class_path: str, inner: str) -> str:
+    """``<key>: <Class>.<argument>: <jsonargparse's sentence>; <the fix>`` for the refusal ``inner`` of one argument."""
     name = class_path.rpartition(".")[2]
     unknown = _UNKNOWN.match(inner)
     if unknown:
         close = difflib.get_close_matches(unknown.group(1), _arguments(class_path), n=2, cutoff=0.6)
         fix = (f"did you mean {' or '.join(repr(c) for c in close)}?" if close else
-               f"see its arguments: python -m scalevec_lit fit --{outer.group(1)}.help {class_path}")
-        return f"{outer.group(1)}: {name}.{unknown.group(1)}: not an argument of {name}; {fix}"
+               f"see its arguments: python -m scalevec_lit fit --{key}.help {class_path}")
+        return f"{key}: {name}.{unknown.group(1)}: not an argument of {name}; {fix}"
     arg = _ARG.match(inner)
     where = f"{name}.{arg.group(1)}" if arg else name
-    said = (arg.group(2) if arg else inner).rstrip(" .")
-    return (f"{outer.group(1)}: {where}: {said}; see its arguments: python -m scalevec_lit fit "
-            f"--{outer.group(1)}.help {class_path}")
+    said = _plain(arg.group(2) if arg else inner).rstrip(" .")
+    return f"{key}: {where}: {said}; see its arguments: python -m scalevec_lit fit --{key}.help {class_path}"
+
+
+def _plain(said: str) -> str:
+    """jsonargparse's Union text about one value (``- Expected a path but abc ... Does not validate against any of
+    the Union subtypes Subtypes: [<class 'float'>, <class 'torch.Tensor'>] Errors: ... Given value: abc``) as
+    ``abc: expected one of float, torch.Tensor``; any other sentence unchanged."""
+    union = _UNION_OF.search(said)
+    if union is None:
+        return said
+    types = [t.strip() for t in union.group(1).split(",")]
+    names = [re.sub(r"^<class '(.*)'>$", r"\1", t) for t in types]
+    names = [n for n in names if n != "NoneType"]
+    return f"{union.group(2)}: expected {'a ' if len(names) == 1 else 'one of '}{', '.join(names)}"
+
+
+def argument_sentence_first(message: str) -> str:
+    """jsonargparse's refusal of one class's argument inside a Union (``trainer.callbacks``, ``model.schedule`` …) or a
+    Callable (``model.optimizer``) as ``<key>: <Class>.<argument>: <its sentence>; see its arguments: <the help
+    command>``; any other message unchanged."""
+    text = " ".join(str(message).split())
+    called = _CALLABLE.search(text)
+    if called is not None:
+        return _argument_line(called.group(1), called.group(3), called.group(2).strip())
+    outer, problem = _UNION.search(text), _PROBLEM.search(text)
+    if outer is None or problem is None:
+        return message
+    return _argument_line(outer.group(1), problem.group(1), problem.group(2).strip())
+
+
+def parser_sentence(message: str, parser: Any) -> str:
+    """The one line for a message of jsonargparse (``ScaleVecArgumentParser.error``): a class's argument first
+    (``argument_sentence_first``), else a wrong class, choice or group value (``_cli_values.value_sentence``),
+    else the message unchanged."""
+    placed = argument_sentence_first(message)
+    if placed != message:
+        return placed
+    from ._cli_values import value_sentence
+
+    return value_sentence(message, parser) or message

@@ -17,7 +17,7 @@ from typing import Optional
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from .callbacks._cli_errors import argument_sentence_first  # a class's own argument error first (issue 32)
+from .callbacks._cli_errors import parser_sentence  # a class's argument, then a wrong class or choice: one line
 from .checkpoint.verify import verify_checkpoint
 from .checks import check_config, check_config_files
 from .data.datamodule import TokenDataModule
@@ -39,10 +39,11 @@ def _known_keys(parser) -> list[str]:
 
 
 class ScaleVecArgumentParser(LightningArgumentParser):
-    """Adds the fix to jsonargparse's errors: for an unknown key, the closest known keys."""
+    """Adds the fix to jsonargparse's errors: for an unknown key, the closest known keys; for a wrong class, choice
+    or group value, what the key accepts (``callbacks/_cli_values.py``)."""
 
     def error(self, message: str, ex: Exception | None = None):
-        message = argument_sentence_first(message)  # a class's argument in a Union: that sentence, not the Union text
+        message = parser_sentence(message, self)  # a class's argument, a wrong class/choice/group value: one line
         group = re.search(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
         unknown = re.search(r"does not accept option '([\w.]+)'|[Uu]nrecognized arguments: --([\w.]+)", message)
         key = f"{group.group(1)}.{group.group(2)}" if group else (unknown and (unknown.group(1) or unknown.group(2)))

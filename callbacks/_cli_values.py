@@ -1,0 +1,265 @@
+"""A wrong value of a class-typed or choice-typed key, in one line (``ScaleVecArgumentParser.error`` through
+``_cli_errors.parser_sentence``): jsonargparse's text (``Parser key "model.optimizer": - Expected a path but foo
+either not accessible or invalid - Expected a dot import path string: foo``) becomes
+``<key>: <value>: <what is wrong>; <what is accepted and one example of the fix>``:
+
+- a name the parser does not know (``--model.optimizer=foo``): the class names it resolves for that key, the
+  library's own first (the optimizers, schedules, blocks and callbacks it ships), the closest one when there is
+  one, and that a dotted import path of a subclass of the key's base class is accepted too;
+- a dotted path whose module does not import (``nosuchpkg.Opt``, or a module whose own import fails): which
+  module, jsonargparse's reason (``ModuleNotFoundError: No module named 'nosuchpkg'``) and the fix;
+- a dotted path to a module that lacks the name (``torch.optim.Adamm``): the closest names the module has;
+- a dotted path to an importable object of the wrong type (``torch.nn.Linear`` as an optimizer): what it is
+  and the base class the key needs;
+- a value outside a key's choices (``model.nonfinite``, ``trainer.precision``, a placement): the choices;
+- a plain value where a group of keys is expected (``--model.strategy=dnp``, ``--data=foo``): how to set its
+  keys, and for a strategy the shipped presets (``--config strategy/dnp``).
+
+Any other message (and any case it cannot place: the class is importable and of the right type) is left as it
+is. Plain Python at import: jsonargparse, Lightning and the classes are imported only when an error is placed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import re
+import typing
+from typing import Any, Optional
+
+__all__: list[str] = []  # nothing here is a callback
+
+_KEY = re.compile(r'^Parser key "([\w.]+)": (.*)$')
+_VALUE = (re.compile(r"Expected a path but (\S+) either not accessible or invalid"),
+          re.compile(r"Unable to load config '([^']*)'"),
+          re.compile(r"Got value: Namespace\(class_path='([^']+)'\)$"),
+          re.compile(r"Expected a dot import path string: (\S+)"),
+          re.compile(r"Got value: (\S+)$"),
+          re.compile(r"Given value: (\S+)$"))
+#: the example of the fix for the keys of the shipped recipes (otherwise: the closest or first accepted name)
+EXAMPLES = {"model.optimizer": "torch.optim.AdamW", "model.schedule": "WarmupCosine", "model.block": "Block",
+            "trainer.callbacks": "scalevec_lit.callbacks.ScaleVectorMonitor", "trainer.logger": "TensorBoardLogger",
+            "trainer.precision": "bf16-mixed"}
+#: how to set one key of a group of keys (a dataclass or the data module) that was given a plain value
+GROUP_EXAMPLES = {"model.strategy": "--model.strategy.placement.q=dual_norm", "data": "--data.batch_size=16",
+                  "model.config": "--model.config.n_layer=4", "model.parallel":
+                  "--model.parallel.activation_checkpointing=true"}
+_MORE = 12  # other packages' names shown at most (the library's own are all shown)
+
+
+def _given(text: str) -> Optional[str]:
+    for pattern in _VALUE:
+        found = pattern.search(text)
+        if found:
+            return found.group(1)
+    return None
+
+
+def parser_action(parser: Any, key: str) -> Any:
+    """The parser's action for ``key`` (None when there is none, or with another jsonargparse)."""
+    try:
+        from jsonargparse._subcommands import find_action
+    except ImportError:
+        return None
+    return find_action(parser, key)
+
+
+def _typehint(parser: Any, key: str) -> tuple[bool, Any]:
+    """``(whether the key is a group of keys loaded from a file, its type hint or None)``."""
+    action = parser_action(parser, key)
+    if action is None:
+        return False, None
+    return type(action).__name__ == "_ActionConfigLoad", getattr(action, "_typehint", None)
+
+
+def _flat(typehint: Any) -> list[Any]:
+    """The members of a Union (Optional) and the element type of a list, recursively; None left out."""
+    origin = typing.get_origin(typehint)
+    if origin is typing.Union:
+        return [t for arg in typing.get_args(typehint) for t in _flat(arg)]
+    if origin in (list, tuple, set) or getattr(origin, "__name__", "") in ("Iterable", "Sequence", "Callable"):
+        args = typing.get_args(typehint)
+        return _flat(args[-1]) if args else []
+    return [] if typehint is type(None) else [typehint]
+
+
+def _choices(typehint: Any) -> Optional[list[Any]]:
+    """The values of a key whose every type is a ``Literal`` (``None`` aside), each once, or None."""
+    members = _flat(typehint)
+    if not members or any(typing.get_origin(m) is not typing.Literal for m in members):
+        return None
+    values: list[Any] = []
+    for m in members:
+        values += [v for v in typing.get_args(m) if str(v) not in map(str, values)]
+    return values
+
+
+def _bases(typehint: Any) -> tuple[type, ...]:
+    return tuple(dict.fromkeys(m for m in _flat(typehint) if isinstance(m, type) and typing.get_origin(m) is None
+                               and m not in (str, int, float, bool, dict)))
+
+
+def _path(cls: type) -> str:
+    try:
+        from jsonargparse._typehints import get_import_path
+
+        return get_import_path(cls)
+    except Exception:  # noqa: BLE001 - its name is enough
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _known(bases: tuple[type, ...]) -> tuple[list[str], list[str]]:
+    """``(the library's names for the key, other packages' names)``: what the parser resolves by class name, the
+    library's base class included (a ``Block`` is a block); the library's callbacks, loaded lazily, by their
+    dotted path ``scalevec_lit.callbacks.X`` (a short name resolves only once their module is imported)."""
+    from jsonargparse._typehints import get_all_subclass_paths
+
+    paths: list[str] = []
+    for base in bases:
+        paths += [p for p in get_all_subclass_paths(base) if p not in paths]
+    bare = {_path(b) for b in bases if not _path(b).startswith("scalevec_lit.")}  # torch's Optimizer, Logger ...
+    ours = [p.rpartition(".")[2] for p in paths if p.startswith("scalevec_lit.")]
+    if any(b.__name__ == "Callback" for b in bases):
+        import scalevec_lit.callbacks as shipped
+
+        ours = [f"scalevec_lit.callbacks.{n}" for n in shipped.__dir__()
+                if isinstance(getattr(shipped, n), type) and issubclass(getattr(shipped, n), bases)]
+    others = sorted({p.rpartition(".")[2] for p in paths if not p.startswith("scalevec_lit.") and p not in bare},
+                    key=str.lower)
+    return list(dict.fromkeys(ours)), others
+
+
+def _closest(value: str, names: list[str]) -> list[str]:
+    short = {n.rpartition(".")[2].lower(): n for n in names}
+    return [short[c] for c in difflib.get_close_matches(value.rpartition(".")[2].lower(), list(short), n=2,
+                                                        cutoff=0.6)]
+
+
+def _flag(key: str, typehint: Any, value: Any) -> str:
+    many = any(typing.get_origin(t) is list for t in typing.get_args(typehint) or (typehint,))
+    return f"--{key}{'+=' if many else '='}{value}"
+
+
+def _accepted(ours: list[str], others: list[str]) -> str:
+    shown = others[:_MORE] + (["…"] if len(others) > _MORE else [])
+    listed = "; ".join(([f"this library's {', '.join(ours)}"] if ours else []) +
+                       ([f"{'also ' if ours else ''}{', '.join(shown)}"] if shown else []))
+    return f"a class name ({listed})"
+
+
+def _import(path: str) -> tuple[Any, Optional[str]]:
+    """``(the object, None)``, or ``(None, why it cannot be imported)``: the modules of the path are imported
+    shortest first, the rest are attributes."""
+    parts = path.split(".")
+    obj: Any = None
+    cut = 0
+    for cut in range(1, len(parts) + 1):
+        module_name = ".".join(parts[:cut])
+        try:
+            obj = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name != module_name:  # the module exists; one of its own imports is missing
+                return None, (f"importing its module {module_name} failed ({type(err).__name__}: {err}); install "
+                              "what that module imports, or fix the module")
+            cut -= 1
+            break
+        except Exception as err:  # noqa: BLE001 - the module's own error, named
+            return None, f"importing its module {module_name} failed ({type(err).__name__}: {err}); fix the module"
+    if cut == 0:
+        return None, (f"cannot be imported (ModuleNotFoundError: No module named {parts[0]!r}); check the spelling, "
+                      f"or make its package importable (install it, or add the folder that holds {parts[0]!r} to "
+                      "PYTHONPATH)")
+    for i, name in enumerate(parts[cut:]):
+        if not hasattr(obj, name):
+            return None, f"{'module' if i == 0 else 'class'} {'.'.join(parts[:cut + i])} has no attribute {name!r}"
+        obj = getattr(obj, name)
+    return obj, None
+
+
+def _what(obj: Any) -> str:
+    import inspect
+
+    if inspect.ismodule(obj):
+        return "a module, not a class"
+    if isinstance(obj, type):
+        return f"a class derived from {', '.join(_path(b) for b in obj.__mro__[1:-1][:1]) or 'object'}"
+    if inspect.isfunction(obj) or inspect.isbuiltin(obj):
+        return "a function, not a class"
+    return f"a {type(obj).__name__}, not a class"
+
+
+def _class_line(key: str, value: str, typehint: Any, bases: tuple[type, ...]) -> Optional[str]:
+    ours, others = _known(bases)
+    base = " or ".join(_path(b) for b in bases)
+    accepted = _accepted(ours, others)
+    close = _closest(value, ours + others)
+    example = close[0] if close else EXAMPLES.get(key) or (ours + others + [base])[0]
+    fix = f"e.g. {_flag(key, typehint, example)}"
+    if "." not in value:
+        said = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+        return (f"{key}: {value}: not a class name the parser knows for this key; {said}give {accepted} or "
+                f"the dotted import path of a subclass of {base}, {fix}")
+    obj, why = _import(value)
+    if why is not None:
+        if "has no attribute" in why:
+            owner = why.split(" ")[1]
+            names = [n for n in dir(importlib.import_module(owner)) if not n.startswith("_")] if why.startswith(
+                "module") else []
+            near = [f"{owner}.{n}" for n in difflib.get_close_matches(value.rpartition(".")[2], names, n=2)]
+            if near:
+                return f"{key}: {value}: {why}; did you mean {' or '.join(near)}? e.g. {_flag(key, typehint, near[0])}"
+            return f"{key}: {value}: {why}; give {accepted} or the dotted import path of a subclass of {base}"
+        return f"{key}: {value}: {why}; {fix}"
+    if isinstance(obj, type) and issubclass(obj, bases):
+        return None  # of the right type: jsonargparse's reason is another one; keep its text
+    return (f"{key}: {value}: is {_what(obj)}: the key needs a subclass of {base}; give {accepted} or the "
+            f"dotted import path of another subclass, {fix}")
+
+
+def _group_line(key: str, value: str) -> str:
+    example = GROUP_EXAMPLES.get(key, f"--{key}.help")
+    fix = f"set its keys one by one ({example}) or give a YAML file of them (--{key}=FILE.yaml)"
+    if key == "model.strategy":
+        from scalevec_lit.recipe_lookup import recipe_names
+
+        presets = [n.partition("/")[2] for n in recipe_names() if n.startswith("strategy/")]
+        named = value.rpartition("/")[2].removesuffix(".yaml")
+        if named in presets:
+            return (f"{key}: {value}: a strategy preset is a recipe of its own: add it with --config strategy/{named} "
+                    f"(after the base recipe), or {fix}")
+        fix += f", or add a preset with --config strategy/NAME ({', '.join(presets)})"
+    return f"{key}: {value}: not a file; {fix}"
+
+
+def value_sentence(message: str, parser: Any) -> Optional[str]:
+    """One line for jsonargparse's refusal of a class-typed, choice-typed or group key's value, or None."""
+    text = " ".join(str(message).split())
+    found = _KEY.match(text)
+    if found is None:
+        return None
+    key, said = found.groups()
+    value = _given(said)
+    if value is None:
+        return None
+    try:
+        group, typehint = _typehint(parser, key)
+        if group or "Unable to load config" in said:
+            return _group_line(key, value)
+        if typehint is None:
+            return None
+        choices = _choices(typehint)
+        if choices is not None:
+            names = [str(c) for c in choices]
+            close = _closest(value, names)
+            said_close = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+            default = getattr(parser_action(parser, key), "default", None)
+            example = close[0] if close else EXAMPLES.get(key, str(default) if str(default) in names else names[0])
+            return f"{key}: {value}: not one of {', '.join(names)}; {said_close}e.g. {_flag(key, typehint, example)}"
+        bases = _bases(typehint)
+        if not bases:
+            return None
+        if all(dataclasses.is_dataclass(b) for b in bases):
+            return _group_line(key, value)
+        return _class_line(key, value, typehint, bases)
+    except Exception:  # noqa: BLE001 - placing the error is a courtesy; never hide jsonargparse's text
+        return None

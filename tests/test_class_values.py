@@ -1,0 +1,70 @@
+"""A wrong value of a class-typed or choice-typed key of ``fit`` (``callbacks/_cli_values.py``, through
+``ScaleVecArgumentParser.error``) is one line naming the key, the value, what the key accepts and one example of
+the fix, in place of jsonargparse's text (``Parser key "model.optimizer": - Expected a path but foo either not
+accessible or invalid - Expected a dot import path string: foo``); an argument refused inside a valid class keeps
+the class, the argument and the reason. In process, with ``--print_plan`` (nothing is built)."""
+from __future__ import annotations
+
+import pytest
+
+import scalevec_lit.train_cli  # noqa: F401 - Lightning imported before capfd captures (see test_bad_input.py)
+from helpers import SMOKE, main_in_process
+
+TORCH_OPTIMIZERS = ("a class name (this library's MuonAdamW; also Adadelta, Adafactor, Adagrad, Adam, Adamax, AdamW, "
+                    "ASGD, LBFGS, Muon, NAdam, RAdam, RMSprop, …) or the dotted import path")
+SCHEDULES = ("a class name (this library's Schedule, Constant, WarmupCosine, WSD) or the dotted import path of a "
+             "subclass of scalevec_lit.lit.Schedule")
+PRESETS = ("baseline, dnp, dp, er, hg, no_scale, or, qk_norm, sandwich, unified, unified_dnp_vup, unified_no_dnp, "
+           "unified_wide_qk, unit_offset")
+
+CASES = [
+    ("--model.optimizer=foo", "model.optimizer: foo: not a class name the parser knows for this key; give "
+     f"{TORCH_OPTIMIZERS} of a subclass of torch.optim.Optimizer, e.g. --model.optimizer=torch.optim.AdamW"),
+    ("--model.schedule=Cosine", "model.schedule: Cosine: not a class name the parser knows for this key; did you "
+     f"mean 'WarmupCosine'? give {SCHEDULES}, e.g. --model.schedule=WarmupCosine"),
+    ("--model.optimizer=torch.optim.Adamm", "model.optimizer: torch.optim.Adamm: module torch.optim has no attribute "
+     "'Adamm'; did you mean torch.optim.Adam or torch.optim.RAdam? e.g. --model.optimizer=torch.optim.Adam"),
+    ("--model.optimizer=nosuchpkg.Opt", "model.optimizer: nosuchpkg.Opt: cannot be imported (ModuleNotFoundError: No "
+     "module named 'nosuchpkg'); check the spelling, or make its package importable (install it, or add the folder "
+     "that holds 'nosuchpkg' to PYTHONPATH); e.g. --model.optimizer=torch.optim.AdamW"),
+    ("--model.schedule=torch.nn.Linear", "model.schedule: torch.nn.Linear: is a class derived from torch.nn.Module: "
+     f"the key needs a subclass of scalevec_lit.lit.Schedule; give {SCHEDULES.split(' or the')[0]} or the dotted "
+     "import path of another subclass, e.g. --model.schedule=WarmupCosine"),
+    ("--model.optimizer=torch.optim", "model.optimizer: torch.optim: is a module, not a class: the key needs a "
+     f"subclass of torch.optim.Optimizer; give {TORCH_OPTIMIZERS} of another subclass, e.g. "
+     "--model.optimizer=torch.optim.AdamW"),
+    ("--trainer.callbacks+=scalevec_lit.callbacks.Sharpness", "trainer.callbacks: scalevec_lit.callbacks.Sharpness: "
+     "module scalevec_lit.callbacks has no attribute 'Sharpness'; did you mean scalevec_lit.callbacks.SharpnessMonitor?"
+     " e.g. --trainer.callbacks+=scalevec_lit.callbacks.SharpnessMonitor"),
+    ("--model.nonfinite=foo", "model.nonfinite: foo: not one of skip, stop, raise; e.g. --model.nonfinite=stop"),
+    ("--trainer.precision=bf16-mix", "trainer.precision: bf16-mix: not one of 64, 32, 16, transformer-engine, "
+     "transformer-engine-float16, 16-true, 16-mixed, bf16-true, bf16-mixed, 32-true, 64-true, bf16; did you mean "
+     "'bf16-mixed' or '16-mixed'? e.g. --trainer.precision=bf16-mixed"),
+    ("--model.strategy=dnp", "model.strategy: dnp: a strategy preset is a recipe of its own: add it with --config "
+     "strategy/dnp (after the base recipe), or set its keys one by one (--model.strategy.placement.q=dual_norm) or "
+     "give a YAML file of them (--model.strategy=FILE.yaml)"),
+    ("--model.strategy=foo", "model.strategy: foo: not a file; set its keys one by one "
+     "(--model.strategy.placement.q=dual_norm) or give a YAML file of them (--model.strategy=FILE.yaml), or add a "
+     f"preset with --config strategy/NAME ({PRESETS})"),
+    ("--data=foo", "data: foo: not a file; set its keys one by one (--data.batch_size=16) or give a YAML file of them "
+     "(--data=FILE.yaml)"),
+    # an argument refused inside a valid class: the class, the argument and the reason are kept
+    ("--model.optimizer.init_args.lrr=3", "model.optimizer: AdamW.lrr: not an argument of AdamW; did you mean 'lr'?"),
+    ("--model.optimizer.init_args.lr=abc", "model.optimizer: AdamW.lr: abc: expected one of float, torch.Tensor; see "
+     "its arguments: python -m scalevec_lit fit --model.optimizer.help torch.optim.AdamW"),
+]
+
+
+@pytest.mark.parametrize("option, line", CASES, ids=[c[0] for c in CASES])
+def test_a_wrong_value_is_one_line(capfd, option, line):
+    code, text = main_in_process(capfd, ["fit", "--config", SMOKE, option, "--print_plan"])
+    assert (code, text.strip()) == (2, f"error: {line}")
+
+
+def test_a_module_whose_own_import_fails_is_named(capfd, tmp_path, monkeypatch):
+    (tmp_path / "brokenopt.py").write_text("import no_such_dependency_zz\n\n\nclass Opt:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, text = main_in_process(capfd, ["fit", "--config", SMOKE, "--model.optimizer=brokenopt.Opt", "--print_plan"])
+    assert (code, text.strip()) == (2, "error: model.optimizer: brokenopt.Opt: importing its module brokenopt failed "
+                                       "(ModuleNotFoundError: No module named 'no_such_dependency_zz'); install what "
+                                       "that module imports, or fix the module; e.g. --model.optimizer=torch.optim.AdamW")
