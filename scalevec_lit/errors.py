@@ -11,6 +11,9 @@ Every user error is printed as one paragraph on stderr,
 - 75 when another rank of the run is lost (``lit/peers.py``): after the line the process ends at once
   (``leave``: ``os._exit``), since a normal interpreter exit may abort or hang then.
 
+A command whose options argparse reads uses ``CommandLineParser`` (``study``): a missing or unknown part of its
+command line is one line with its usage, not argparse's usage block.
+
 ``--debug`` (any position on the command line) or ``SCALEVEC_DEBUG=1`` shows the traceback instead.
 Anything else is a bug: one paragraph that says so, and how to see the traceback.
 
@@ -18,7 +21,9 @@ Must not import Lightning or torch at module level (``prepare`` and ``export`` u
 """
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import sys
 from typing import Any, Callable, NoReturn, Optional
 
@@ -43,6 +48,48 @@ class RunError(UserError):
     """A failure at run time that the user can act on (exit 1)."""
 
     exit_code = 1
+
+
+class CommandLineParser(argparse.ArgumentParser):
+    """argparse's parser whose errors are one line (a ``UserError``, exit 2) instead of its usage block and line:
+    ``<command>: <what is wrong or missing>; usage: <the command's usage in one line>``. ``--help`` is argparse's.
+    Its subcommands' parsers are of this class too (``add_subparsers`` gives them the parser's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        where = self.prog.removeprefix("python -m scalevec_lit ").removeprefix("scalevec-lit ")
+        usage = " ".join(self.format_usage().split())
+        commands = next((a for a in self._actions if isinstance(a, argparse._SubParsersAction)), None)
+        names = list(getattr(commands, "choices", None) or {})
+        missing = re.fullmatch(r"the following arguments are required: (.*)", message)
+        choice = re.fullmatch(r"argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)", message)
+        other = re.fullmatch(r"argument (\S+): (.*)", message)
+        if missing and commands is not None and missing.group(1).split(", ")[0] == commands.dest:
+            problem = f"no command given; choose {', '.join(names[:-1])} or {names[-1]}"
+        elif missing:
+            args = missing.group(1).split(", ")
+            problem = f"{'the argument' if len(args) == 1 else 'the arguments'} {' and '.join(args)} " \
+                      f"{'is' if len(args) == 1 else 'are'} missing"
+        elif choice and commands is not None and choice.group(1) == commands.dest:
+            import difflib
+
+            close = difflib.get_close_matches(choice.group(2), names, n=1)
+            problem = (f"{choice.group(2)}: not a command of {where}; choose {', '.join(names[:-1])} or {names[-1]}"
+                       + (f" (did you mean {close[0]!r}?)" if close else ""))
+        elif choice:
+            problem = f"{choice.group(1)}: {choice.group(2)}: not one of {choice.group(3)}"
+        elif other:
+            problem = f"{other.group(1)}: {other.group(2)}"
+        else:
+            problem = message
+        raise UsageError(f"{where}: {problem}; {usage}")
+
+
+class UsageError(UserError):
+    """A command line that argparse refused, in one line (``CommandLineParser``; exit 2)."""
+
+    def __init__(self, line: str) -> None:
+        Exception.__init__(self, line)
+        self.key, self.value, self.problem, self.fix = line.partition(":")[0], None, line, ""
 
 
 class ErrorExit(SystemExit):

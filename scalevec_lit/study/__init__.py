@@ -21,12 +21,11 @@ cannot take the study down.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Optional
 
-from ..errors import RunError
+from ..errors import CommandLineParser, RunError
 from .callback_check import check_callbacks
 from .events import collect_done, endpoint, read_scalars, run_endpoint
 from .runner import code_provenance, resolve_lr_from, run_study
@@ -35,7 +34,7 @@ from .spec import (CKPT_DIR, DONE, RWD, VAL_TAG, Run, Study, Variant, fit_comman
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scalevec_lit study", description=__doc__.split("\n\n")[0])
+    parser = CommandLineParser(prog="python -m scalevec_lit study", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_run = sub.add_parser("run", help="run the study's incomplete runs (resumable)")
     p_run.add_argument("study")
