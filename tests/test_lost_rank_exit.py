@@ -19,6 +19,7 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from helpers import ROOT
@@ -144,16 +145,19 @@ def test_finish_waits_for_the_watchdog_to_leave_its_store_call():
         watch._thread.join(5)
 
 
-def test_the_watchdog_completes_a_one_file_write_before_its_line_and_exit(monkeypatch, capsys):
+def test_the_watchdog_completes_a_one_file_write_before_its_line_and_exit(monkeypatch, capsys, tmp_path):
     """The watchdog leaves while the main thread is blocked in a collective: a one-file checkpoint being written
     in the background (its step already recorded) is completed first, so the line's checkpoint exists."""
     events = []
+    last = tmp_path / "c" / "last.ckpt"
 
     class Checkpoints:
-        last_model_path, _last_global_step_saved = "c/last.ckpt", 6
+        last_model_path, _last_global_step_saved, dirpath = str(last), 6, str(last.parent)
 
         def wait_for_writes(self, trainer, raise_error=True, distributed=True):
             events.append(("wait", trainer is watch._trainer, raise_error, distributed))
+            last.parent.mkdir()
+            torch.save({"global_step": 6}, last)  # the write completes here: the line reads it from the disk
 
     watch = peers.PeerWatch(4.0)
     watch._trainer = SimpleNamespace(checkpoint_callback=Checkpoints())
@@ -164,7 +168,7 @@ def test_the_watchdog_completes_a_one_file_write_before_its_line_and_exit(monkey
     assert events == [("wait", True, False, False), ("exit", 75)]  # a distributed write is not waited for
     assert capsys.readouterr().err.startswith(
         "error: rank 1: lost at step 7: no heartbeat for 4 s (killed, stopped, or its node is down); this rank "
-        "stopped (exit 75); the newest checkpoint is step 6 (c/last.ckpt), the steps after it are lost; resume")
+        f"stopped (exit 75); the newest checkpoint is step 6 ({last}), the steps after it are lost; resume")
 
 
 def test_lightnings_kill_after_a_child_ended_becomes_the_line_and_75(monkeypatch, capsys):

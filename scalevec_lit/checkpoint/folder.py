@@ -115,3 +115,21 @@ def folder_problem(folder: str | Path, full: bool = True, rank: int = 0, world: 
         if full and crc32_of(path) != crc:
             return f"its file {name} fails its CRC32 (the bytes changed since it was written)"
     return None
+
+
+def step_on_disk(path: str | Path) -> Optional[int]:
+    """The ``global_step`` of the complete checkpoint at ``path`` (a DCP folder: its ``meta.pt``; a file: read
+    memory-mapped, so its tensors are not read), or ``None`` when there is none there or it cannot be read."""
+    import torch
+
+    p = Path(path)
+    try:
+        if p.is_dir():
+            meta = torch.load(p / "meta.pt", map_location="cpu", weights_only=False)
+        elif p.is_file():
+            meta = torch.load(p, map_location="cpu", weights_only=False, mmap=True)
+        else:
+            return None
+        return int(meta["global_step"])
+    except Exception:  # noqa: BLE001 - any unreadable checkpoint is not a complete one
+        return None

@@ -42,10 +42,12 @@ import threading
 import time
 from contextlib import contextmanager, suppress
 from datetime import timedelta
+from pathlib import Path
 from typing import Iterator, Optional
 
 from lightning.pytorch.callbacks import Callback
 
+from ..runlock import checkpoints_in
 from ._observer import children_ended, replace_kill
 from .peer_errors import (  # noqa: F401 - the line of a lost rank (peer_errors.py); importable from here too
     DEFAULT_PEER_TIMEOUT, PEER_LOST_EXIT, TIMEOUT_KEY, PeerLostError, is_c10d_error, is_collective_failure, lost_error,
@@ -188,13 +190,28 @@ class PeerWatch(Callback):
             wait and wait(self._trainer, raise_error=False, distributed=False)
 
     def _newest_checkpoint(self) -> str:
-        """What is kept: the newest checkpoint's step and file (the steps after it are lost)."""
+        """What is kept: the newest complete checkpoint's step and file (the steps after it are lost), as on disk:
+        the callback records a save when it starts, and an asynchronous or distributed write in flight (rank 0
+        renames the folder) may never be completed by the lost rank."""
+        from ..checkpoint.folder import step_on_disk
+
         callback = getattr(self._trainer, "checkpoint_callback", None)
         path = str(getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "") or "")
         saved = getattr(callback, "_last_global_step_saved", 0)
         if not path or not saved:
             return ""
-        return f"the newest checkpoint is step {saved} ({path}), the steps after it are lost"
+        if step_on_disk(path) == saved:
+            return f"the newest checkpoint is step {saved} ({path}), the steps after it are lost"
+        folder = Path(getattr(callback, "dirpath", None) or Path(path).parent)
+        found = [(step_on_disk(q), str(q)) for q in checkpoints_in(folder)] if folder.is_dir() else []
+        found = sorted((s, q) for s, q in found if s is not None and s <= saved)
+        pending = f"step {saved}'s was being written and is not complete ({Path(path).name}.tmp or missing)"
+        if not found:
+            return f"no checkpoint is complete ({pending}): a restart begins at step 0"
+        step, newest = found[-1]
+        if step == saved:  # the record named a copy (last) still being made; the step's own file is complete
+            return f"the newest checkpoint is step {saved} ({newest}), the steps after it are lost"
+        return f"the newest complete checkpoint is step {step} ({newest}; {pending}), the steps after it are lost"
 
     def finish(self) -> None:
         """This rank stops on its own: mark it done (never reported as lost), stop watching, and wait for the
