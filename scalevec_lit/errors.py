@@ -85,7 +85,8 @@ class CommandLineParser(argparse.ArgumentParser):
 
 
 class UsageError(UserError):
-    """A command line that argparse refused, in one line (``CommandLineParser``; exit 2)."""
+    """A mistake on the command line, given as its whole line (argparse's refusals in ``CommandLineParser``; a
+    ``trainer`` value Lightning refuses, ``train_cli.py``); exit 2."""
 
     def __init__(self, line: str) -> None:
         Exception.__init__(self, line)

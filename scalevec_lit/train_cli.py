@@ -97,7 +97,16 @@ class ScaleVecCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs):
         from scalevec_lit.callbacks.checkpoint import install_checkpoint_io
 
-        trainer = super().instantiate_trainer(**kwargs)
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except Exception as err:  # noqa: BLE001 - Lightning's refusal of a trainer value: one line; others unchanged
+            from .callbacks._cli_trainer import trainer_sentence
+            from .errors import UsageError
+
+            line = trainer_sentence(err, self.config[self.subcommand].get("trainer") if self.subcommand else None)
+            if line is None or debug_enabled():
+                raise
+            raise UsageError(line) from None
         install_checkpoint_io(trainer)  # atomic writes, clear errors for corrupt files
         if self.subcommand == "fit":  # issue 34 item 4: a lost rank stops the others in bounded time (lit/peers.py)
             from .lit.peers import TIMEOUT_KEY, install
