@@ -263,3 +263,26 @@ def value_sentence(message: str, parser: Any) -> Optional[str]:
         return _class_line(key, value, typehint, bases)
     except Exception:  # noqa: BLE001 - placing the error is a courtesy; never hide jsonargparse's text
         return None
+
+
+def import_failure_line(err: BaseException) -> Optional[str]:
+    """One line for an exception that a module named by a value raised while jsonargparse imported it (it lets any
+    error but an ``ImportError`` through, e.g. ``RuntimeError`` at the module's top level), or None for any other
+    exception: the key, the value, the module and its error."""
+    tb, path, key = err.__traceback__, None, None
+    while tb is not None:
+        frame = tb.tb_frame
+        if "jsonargparse" in frame.f_code.co_filename.replace("\\", "/").split("/"):
+            if frame.f_code.co_name == "import_object" and isinstance(frame.f_locals.get("name"), str):
+                path = frame.f_locals["name"]
+            owner = frame.f_locals.get("self")
+            if type(owner).__name__ == "ActionTypeHint" and isinstance(getattr(owner, "dest", None), str):
+                key = owner.dest
+        tb = tb.tb_next
+    if path is None or key is None:
+        return None
+    _, why = _import(path)
+    if why is None:
+        return None
+    example = f"; e.g. --{key}={EXAMPLES[key]}" if key in EXAMPLES else ""
+    return f"{key}: {path}: {why}{example}"

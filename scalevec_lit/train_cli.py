@@ -42,6 +42,18 @@ class ScaleVecArgumentParser(LightningArgumentParser):
     """Adds the fix to jsonargparse's errors: for an unknown key, the closest known keys; for a wrong class, choice
     or group value, what the key accepts (``callbacks/_cli_values.py``)."""
 
+    def parse_args(self, *args, **kwargs):
+        try:
+            return super().parse_args(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - a module a value names raised while imported: one line; else as is
+            from .callbacks._cli_values import import_failure_line
+            from .errors import UsageError
+
+            line = None if debug_enabled() else import_failure_line(err)
+            if line is None:
+                raise
+            raise UsageError(line) from None
+
     def error(self, message: str, ex: Exception | None = None):
         message = parser_sentence(message, self)  # a class's argument, a wrong class/choice/group value: one line
         group = re.search(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)

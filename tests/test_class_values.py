@@ -68,3 +68,13 @@ def test_a_module_whose_own_import_fails_is_named(capfd, tmp_path, monkeypatch):
     assert (code, text.strip()) == (2, "error: model.optimizer: brokenopt.Opt: importing its module brokenopt failed "
                                        "(ModuleNotFoundError: No module named 'no_such_dependency_zz'); install what "
                                        "that module imports, or fix the module; e.g. --model.optimizer=torch.optim.AdamW")
+
+
+def test_a_module_that_raises_while_imported_is_named(capfd, tmp_path, monkeypatch):
+    """jsonargparse lets a module's own error (not an ImportError) through the parse: a bug report before."""
+    (tmp_path / "raisingopt.py").write_text("raise RuntimeError('no GPU driver here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, text = main_in_process(capfd, ["fit", "--config", SMOKE, "--model.optimizer=raisingopt.Opt", "--print_plan"])
+    assert (code, text.strip()) == (2, "error: model.optimizer: raisingopt.Opt: importing its module raisingopt failed "
+                                       "(RuntimeError: no GPU driver here); fix the module; e.g. "
+                                       "--model.optimizer=torch.optim.AdamW")
