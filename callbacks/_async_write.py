@@ -141,6 +141,21 @@ def snapshot(obj: Any, memo: Optional[dict] = None) -> Any:
     return out
 
 
+def raise_write_failure(err: BaseException, tmp: Path, final: Path, rank_zero: bool) -> None:
+    """Re-raise a failed DCP write: out of room, as the one line of a one-file write (``write_failure``), its
+    partial ``<name>.tmp`` folder removed by rank 0 to give the room back; anything else as it is."""
+    import shutil
+
+    from scalevec_lit.checkpoint.verify import write_failure
+
+    failure = write_failure(err, final)
+    if failure is None:
+        raise err
+    if rank_zero:
+        shutil.rmtree(tmp, ignore_errors=True)
+    raise failure from None
+
+
 def record_checksums(folder: Path, rank: int, world: int, rank_zero: bool, group=None) -> None:
     """Every rank hashes its share of the written DCP folder; rank 0 writes ``checksums.json`` (collective:
     after every rank has written, before the folder is renamed into place)."""
@@ -187,7 +202,10 @@ class DistributedAsync:
         rank_zero, rank, world = trainer.is_global_zero, trainer.global_rank, trainer.world_size
 
         def finish() -> None:
-            future.result()  # every rank's shards and rank 0's .metadata are written
+            try:
+                future.result()  # every rank's shards and rank 0's .metadata are written
+            except BaseException as err:
+                raise_write_failure(err, tmp, final, rank_zero)
             record_checksums(tmp, rank, world, rank_zero, self.group)
             if rank_zero:
                 swap(tmp, final)

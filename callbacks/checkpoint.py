@@ -37,7 +37,7 @@ from scalevec_lit.lit import reshard
 from scalevec_lit.runlock import LOCK, acquire_folder, check_lineage, release_folder
 from scalevec_lit.checkpoint.verify import unreadable, verify_checkpoint, write_failure
 
-from ._async_write import AsyncSaves, BackgroundWriter, DistributedAsync, record_checksums, snapshot
+from ._async_write import AsyncSaves, BackgroundWriter, DistributedAsync, raise_write_failure, record_checksums, snapshot
 from ._final_save import FinalSave
 from ._stop_signals import StopSignals
 
@@ -282,7 +282,10 @@ class SafeModelCheckpoint(AsyncSaves, StopSignals, FinalSave, reshard.WorldRecor
         if trainer.is_global_zero and tmp.exists():
             shutil.rmtree(tmp)
         trainer.strategy.barrier("safe_checkpoint_clean")
-        trainer.save_checkpoint(str(tmp), self.save_weights_only)
+        try:
+            trainer.save_checkpoint(str(tmp), self.save_weights_only)
+        except BaseException as err:  # DCP raises on every rank (its collectives share each rank's failure)
+            raise_write_failure(err, tmp, Path(filepath), trainer.is_global_zero)
         trainer.strategy.barrier("safe_checkpoint_written")
         record_checksums(tmp, trainer.global_rank, trainer.world_size, trainer.is_global_zero)
         if trainer.is_global_zero:

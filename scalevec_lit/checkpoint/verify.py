@@ -98,20 +98,42 @@ def verify_checkpoint(path: str | Path, full: bool = True) -> Path:
 OUT_OF_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
+def _causes(err: BaseException, limit: int = 32):
+    """``err``, its causes and contexts, and each rank's error inside torch's ``CheckpointException``
+    (``failures``: rank -> (exception, traceback)), which is how a distributed checkpoint write fails."""
+    stack, seen = [err], 0
+    while stack and seen < limit:
+        cause = stack.pop()
+        seen += 1
+        yield cause
+        stack.extend(c for c in (cause.__context__, cause.__cause__) if c is not None)
+        for failure in (getattr(cause, "failures", None) or {}).values():
+            inner = failure[0] if isinstance(failure, tuple) else failure
+            if isinstance(inner, BaseException):
+                stack.append(inner)
+
+
 def write_failure(err: BaseException, path: str | Path) -> Optional[Exception]:
     """The one-line ``RunError`` for a checkpoint write that ran out of room, or ``None``. torch's zip writer
-    reports a short write as ``RuntimeError('... unexpected pos ...')``, with the ``OSError`` as its context."""
+    reports a short write as ``RuntimeError('... unexpected pos ...')``, with the ``OSError`` as its context;
+    a distributed (DCP) write as a ``CheckpointException`` holding each rank's ``OSError``."""
     from ..errors import RunError
 
-    seen, cause = 0, err
-    while cause is not None and not (isinstance(cause, OSError) and cause.errno in OUT_OF_ROOM) and seen < 8:
-        cause, seen = cause.__cause__ or cause.__context__, seen + 1
-    if not isinstance(cause, OSError) or cause.errno not in OUT_OF_ROOM:
-        return None
+    causes = list(_causes(err))
+    cause = next((c for c in causes if isinstance(c, OSError) and c.errno in OUT_OF_ROOM), None)
     path = Path(path)
-    room = (f"the file outgrew the largest file allowed there (a file-size limit: `ulimit -f`, or the file "
-            f"system's own) while writing it in {path.parent}" if cause.errno == errno.EFBIG else
-            f"no space left on the device of {path.parent} while writing it")
-    return RunError("checkpoint", str(path), f"{room} ({os.strerror(cause.errno)}); the checkpoints written before "
+    if cause is not None:
+        room = (f"the file outgrew the largest file allowed there (a file-size limit: `ulimit -f`, or the file "
+                f"system's own) while writing it in {path.parent}" if cause.errno == errno.EFBIG else
+                f"no space left on the device of {path.parent} while writing it")
+        room = f"{room} ({os.strerror(cause.errno)})"
+    elif any(isinstance(c, RuntimeError) and "unexpected pos" in str(c) for c in causes) and \
+            any(getattr(c, "failures", None) for c in causes):
+        # a DCP write: each rank's error reaches the others pickled, without the OSError it had as context
+        room = (f"a shard's write stopped short in {path.parent} (torch: 'unexpected pos'): no space left on its "
+                "device, or a file-size limit or quota reached")
+    else:
+        return None
+    return RunError("checkpoint", str(path), f"{room}; the checkpoints written before "
                     "are intact", "free space there, or point the checkpoints elsewhere "
                     "(--trainer.default_root_dir=<a folder with room>), then resume with --ckpt_path last")
