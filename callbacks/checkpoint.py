@@ -35,7 +35,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from scalevec_lit.lit import reshard
 from scalevec_lit.runlock import LOCK, acquire_folder, check_lineage, release_folder
-from scalevec_lit.checkpoint.verify import unreadable, verify_checkpoint, write_failure
+from scalevec_lit.checkpoint.verify import MismatchedCheckpointError, unreadable, verify_checkpoint, write_failure
 
 from ._async_write import AsyncSaves, BackgroundWriter, DistributedAsync, raise_write_failure, record_checksums, snapshot
 from ._final_save import FinalSave
@@ -93,6 +93,13 @@ class SafeCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(self, path, map_location: Optional[Any] = None, weights_only: Optional[bool] = None) -> dict:
         self.writer.wait()
         p = verify_checkpoint(path, full=True)
+        if p.is_dir():  # a sound DCP folder, under a strategy that reads one file (torch.load: IsADirectoryError)
+            raise MismatchedCheckpointError(
+                f"--ckpt_path: {str(path)!r}: is a distributed (FSDP2) checkpoint folder, which loads only under "
+                "ModelParallelStrategy, on any number of processes; resume with that strategy, e.g. "
+                "--trainer.strategy=lightning.pytorch.strategies.ModelParallelStrategy "
+                "--trainer.strategy.data_parallel_size=1 --trainer.devices=1 for one process (or export it: python -m "
+                "scalevec_lit export --ckpt <folder> ...)")
         try:
             return super().load_checkpoint(path, map_location=map_location, weights_only=False)
         except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:

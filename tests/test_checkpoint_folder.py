@@ -78,6 +78,21 @@ def test_a_missing_index_or_a_damaged_meta_pt_is_refused(folder):
     _refused(folder, "its .metadata (the index of the shards) is missing")
 
 
+def test_a_sound_folder_under_a_one_file_strategy_names_the_strategy_that_loads_it(folder):
+    """Resuming an FSDP2 checkpoint with the default or DDP strategy: it was ``[Errno 21] Is a directory``."""
+    from scalevec_lit.callbacks.checkpoint import SafeCheckpointIO
+    from scalevec_lit.errors import exit_code_for
+
+    with pytest.raises(CheckpointError) as info:
+        SafeCheckpointIO().load_checkpoint(folder)
+    assert str(info.value) == (
+        f"--ckpt_path: {str(folder)!r}: is a distributed (FSDP2) checkpoint folder, which loads only under "
+        "ModelParallelStrategy, on any number of processes; resume with that strategy, e.g. "
+        "--trainer.strategy=lightning.pytorch.strategies.ModelParallelStrategy --trainer.strategy.data_parallel_size=1 "
+        "--trainer.devices=1 for one process (or export it: python -m scalevec_lit export --ckpt <folder> ...)")
+    assert exit_code_for(info.value) == 2
+
+
 def _ckpt_yaml(root: Path, async_save: bool) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     path = root / "ckpt.yaml"
