@@ -93,6 +93,7 @@ def _argument_line(key: str, class_path: str, inner: str) -> str:
         fix = (f"did you mean {' or '.join(repr(c) for c in close)}?" if close else
                f"see its arguments: python -m scalevec_lit fit --{key}.help {class_path}")
         return f"{key}: {name}.{unknown.group(1)}: not an argument of {name}; {fix}"
+    inner = inner.split(" - Problem with given class_path ")[0]  # the Union's other members (lightning.Callback)
     arg = _ARG.match(inner)
     where = f"{name}.{arg.group(1)}" if arg else name
     said = _plain(arg.group(2) if arg else inner).rstrip(" .")
@@ -118,7 +119,7 @@ def argument_sentence_first(message: str) -> str:
     command>``; any other message unchanged."""
     text = " ".join(str(message).split())
     called = _CALLABLE.search(text)
-    if called is not None:
+    if called is not None and called.group(2).startswith(("Option '", 'Parser key "')):  # else: the class itself
         return _argument_line(called.group(1), called.group(3), called.group(2).strip())
     outer, problem = _UNION.search(text), _PROBLEM.search(text)
     if outer is None or problem is None:
@@ -131,8 +132,15 @@ def parser_sentence(message: str, parser: Any) -> str:
     (``argument_sentence_first``), else a wrong class, choice or group value (``_cli_values.value_sentence``),
     else the message unchanged."""
     placed = argument_sentence_first(message)
-    if placed != message:
+    if placed != message and _argument_level(" ".join(str(message).split())):
         return placed
     from ._cli_values import value_sentence
 
-    return value_sentence(message, parser) or message
+    return value_sentence(message, parser) or placed
+
+
+def _argument_level(text: str) -> bool:
+    """Whether jsonargparse refused one argument of a class (else the class itself: not importable, wrong type)."""
+    called, problem = _CALLABLE.search(text), _PROBLEM.search(text)
+    inner = called.group(2) if called else problem.group(2) if problem else ""
+    return inner.strip().startswith(("Option '", 'Parser key "'))

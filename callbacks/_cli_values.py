@@ -32,7 +32,10 @@ __all__: list[str] = []  # nothing here is a callback
 _KEY = re.compile(r'^Parser key "([\w.]+)": (.*)$')
 _VALUE = (re.compile(r"Expected a path but (\S+) either not accessible or invalid"),
           re.compile(r"Unable to load config '([^']*)'"),
-          re.compile(r"Got value: Namespace\(class_path='([^']+)'\)$"),
+          re.compile(r"Given value: \{'class_path': '([^']+)'"),
+          re.compile(r"Problem with given class_path '([^']+)'"),
+          re.compile(r"Import path (\S+) does not correspond to a subclass"),
+          re.compile(r"Got value: Namespace\(class_path='([^']+)'"),
           re.compile(r"Expected a dot import path string: (\S+)"),
           re.compile(r"Got value: (\S+)$"),
           re.compile(r"Given value: (\S+)$"))

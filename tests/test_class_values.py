@@ -48,7 +48,13 @@ CASES = [
      f"preset with --config strategy/NAME ({PRESETS})"),
     ("--data=foo", "data: foo: not a file; set its keys one by one (--data.batch_size=16) or give a YAML file of them "
      "(--data=FILE.yaml)"),
+    ("--model.optimizer=Muon", "model.optimizer: torch.optim.Muon: updates only 2-D parameters, and the model also "
+     "has vectors (the scale vectors, biases) for it; use this library's MuonAdamW (Muon for the hidden matrices, "
+     "AdamW for the rest): --config recipes/optim/muon_wsd.yaml after the model recipe, or --model.optimizer=MuonAdamW"),
     # an argument refused inside a valid class: the class, the argument and the reason are kept
+    ("--trainer.callbacks+=ScaleVectorMonitor --trainer.callbacks.every_n_steps=abc", "trainer.callbacks: ScaleVectorMonitor.every_n_steps: Expected a <class "
+     "'int'>. Got value: abc; see its arguments: python -m scalevec_lit fit --trainer.callbacks.help "
+     "scalevec_lit.callbacks.ScaleVectorMonitor"),
     ("--model.optimizer.init_args.lrr=3", "model.optimizer: AdamW.lrr: not an argument of AdamW; did you mean 'lr'?"),
     ("--model.optimizer.init_args.lr=abc", "model.optimizer: AdamW.lr: abc: expected one of float, torch.Tensor; see "
      "its arguments: python -m scalevec_lit fit --model.optimizer.help torch.optim.AdamW"),
@@ -57,7 +63,7 @@ CASES = [
 
 @pytest.mark.parametrize("option, line", CASES, ids=[c[0] for c in CASES])
 def test_a_wrong_value_is_one_line(capfd, option, line):
-    code, text = main_in_process(capfd, ["fit", "--config", SMOKE, option, "--print_plan"])
+    code, text = main_in_process(capfd, ["fit", "--config", SMOKE, *option.split(" "), "--print_plan"])
     assert (code, text.strip()) == (2, f"error: {line}")
 
 
@@ -78,3 +84,28 @@ def test_a_module_that_raises_while_imported_is_named(capfd, tmp_path, monkeypat
     assert (code, text.strip()) == (2, "error: model.optimizer: raisingopt.Opt: importing its module raisingopt failed "
                                        "(RuntimeError: no GPU driver here); fix the module; e.g. "
                                        "--model.optimizer=torch.optim.AdamW")
+
+
+RECIPES = [
+    ("trainer:\n  callbacks:\n    - class_path: nosuchpkg.CB\n", "trainer.callbacks: nosuchpkg.CB: cannot be imported "
+     "(ModuleNotFoundError: No module named 'nosuchpkg'); check the spelling, or make its package importable (install "
+     "it, or add the folder that holds 'nosuchpkg' to PYTHONPATH); e.g. "
+     "--trainer.callbacks+=scalevec_lit.callbacks.ScaleVectorMonitor"),
+    ("model:\n  schedule:\n    class_path: torch.nn.Linear\n", "model.schedule: torch.nn.Linear: is a class derived "
+     f"from torch.nn.Module: the key needs a subclass of scalevec_lit.lit.Schedule; give {SCHEDULES.split(' or the')[0]}"
+     " or the dotted import path of another subclass, e.g. --model.schedule=WarmupCosine"),
+    ("model:\n  optimizer:\n    class_path: torch.optim.Adamm\n    init_args: {lr: 0.1}\n", "model.optimizer: "
+     "torch.optim.Adamm: module torch.optim has no attribute 'Adamm'; did you mean torch.optim.Adam or "
+     "torch.optim.RAdam? e.g. --model.optimizer=torch.optim.Adam"),
+    ("model:\n  strategy: dnp\n", "model.strategy: dnp: a strategy preset is a recipe of its own: add it with --config "
+     "strategy/dnp (after the base recipe), or set its keys one by one (--model.strategy.placement.q=dual_norm) or "
+     "give a YAML file of them (--model.strategy=FILE.yaml)"),
+]
+
+
+@pytest.mark.parametrize("text, line", RECIPES, ids=[r[0].split(":")[-2].split()[-1] for r in RECIPES])
+def test_a_wrong_value_in_a_recipe_is_the_same_line(capfd, tmp_path, text, line):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(text)
+    code, out = main_in_process(capfd, ["fit", "--config", SMOKE, "--config", recipe, "--print_plan"])
+    assert (code, out.strip()) == (2, f"error: {line}")

@@ -124,6 +124,11 @@ def check_decay(name: str, value: Any, optimizer: str = "the optimizer") -> None
 
 def _our_words(err: ValueError, optimizer: str) -> Optional[UserError]:
     """torch's ``Invalid weight_decay value: -0.1`` (raised by the optimizer's constructor) as a ``UserError``."""
+    if str(err).startswith("Muon only supports 2D parameters"):  # torch.optim.Muon, e.g. --model.optimizer=Muon
+        return UserError("model.optimizer", "torch.optim.Muon", "updates only 2-D parameters, and the model also has "
+                         "vectors (the scale vectors, biases) for it", "use this library's MuonAdamW (Muon for the "
+                         "hidden matrices, AdamW for the rest): --config recipes/optim/muon_wsd.yaml after the model "
+                         "recipe, or --model.optimizer=MuonAdamW")
     found = re.fullmatch(r"Invalid (.+) value: (.+)", str(err).strip())
     if found is None:
         return None
