@@ -67,6 +67,7 @@ _ARG = re.compile(r'Parser key "([\w.]+)": (.*)')
 _UNKNOWN = re.compile(r"Option '([\w.]+)' is not accepted")
 _CALLABLE = re.compile(r'Parser key "([\w.]+)": Type typing\.Callable\[.*?\] expects a function or a callable class: '
                        r"(.*?)\. Got value: Namespace\(class_path='([\w.]+)'")
+_LITERAL = re.compile(r"Expected a typing\.Literal\[(.*)\]\. Got value: (\S+)")
 _UNION_OF = re.compile(r"Does not validate against any of the Union subtypes Subtypes: \[(.*?)\] Errors: .* Given value "
                        r"type: <class '[^']*'> Given value: (\S+)$")
 
@@ -104,6 +105,9 @@ def _plain(said: str) -> str:
     """jsonargparse's Union text about one value (``- Expected a path but abc ... Does not validate against any of
     the Union subtypes Subtypes: [<class 'float'>, <class 'torch.Tensor'>] Errors: ... Given value: abc``) as
     ``abc: expected one of float, torch.Tensor``; any other sentence unchanged."""
+    literal = _LITERAL.fullmatch(said)
+    if literal is not None:
+        return f"{literal.group(2)}: not one of {', '.join(v.strip().strip(chr(39)) for v in literal.group(1).split(','))}"
     union = _UNION_OF.search(said)
     if union is None:
         return said

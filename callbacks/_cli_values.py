@@ -42,7 +42,7 @@ _VALUE = (re.compile(r"Expected a path but (\S+) either not accessible or invali
 #: the example of the fix for the keys of the shipped recipes (otherwise: the closest or first accepted name)
 EXAMPLES = {"model.optimizer": "torch.optim.AdamW", "model.schedule": "WarmupCosine", "model.block": "Block",
             "trainer.callbacks": "scalevec_lit.callbacks.ScaleVectorMonitor", "trainer.logger": "TensorBoardLogger",
-            "trainer.precision": "bf16-mixed"}
+            "trainer.precision": "bf16-mixed", "model.strategy.vector": "PlainScale"}
 #: how to set one key of a group of keys (a dataclass or the data module) that was given a plain value
 GROUP_EXAMPLES = {"model.strategy": "--model.strategy.placement.q=dual_norm", "data": "--data.batch_size=16",
                   "model.config": "--model.config.n_layer=4", "model.parallel":
@@ -262,7 +262,8 @@ def value_sentence(message: str, parser: Any) -> Optional[str]:
         if not bases:
             return None
         if all(dataclasses.is_dataclass(b) for b in bases):
-            return _group_line(key, value)
+            obj, _ = _import(value) if "." in value else (None, None)
+            return None if isinstance(obj, type) and issubclass(obj, bases) else _group_line(key, value)
         return _class_line(key, value, typehint, bases)
     except Exception:  # noqa: BLE001 - placing the error is a courtesy; never hide jsonargparse's text
         return None

@@ -17,7 +17,7 @@ from typing import Optional
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from .callbacks._cli_errors import parser_sentence  # a class's argument, then a wrong class or choice: one line
+from .callbacks._cli_errors import argument_sentence_first, parser_sentence  # one line: a class's argument, a value
 from .checkpoint.verify import verify_checkpoint
 from .checks import check_config, check_config_files
 from .data.datamodule import TokenDataModule
@@ -55,7 +55,9 @@ class ScaleVecArgumentParser(LightningArgumentParser):
             raise UsageError(line) from None
 
     def error(self, message: str, ex: Exception | None = None):
-        message = parser_sentence(message, self)  # a class's argument, a wrong class/choice/group value: one line
+        # a class's argument, a wrong class/choice/group value: one line (a nested parser's message, not printed but
+        # read by the outer one, keeps jsonargparse's key and words apart from the argument's sentence)
+        message = parser_sentence(message, self) if self.exit_on_error else argument_sentence_first(message)
         group = re.search(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
         unknown = re.search(r"does not accept option '([\w.]+)'|[Uu]nrecognized arguments: --([\w.]+)", message)
         key = f"{group.group(1)}.{group.group(2)}" if group else (unknown and (unknown.group(1) or unknown.group(2)))

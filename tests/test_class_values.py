@@ -55,6 +55,8 @@ CASES = [
     ("--trainer.callbacks+=ScaleVectorMonitor --trainer.callbacks.every_n_steps=abc", "trainer.callbacks: ScaleVectorMonitor.every_n_steps: Expected a <class "
      "'int'>. Got value: abc; see its arguments: python -m scalevec_lit fit --trainer.callbacks.help "
      "scalevec_lit.callbacks.ScaleVectorMonitor"),
+    ("--model.parallel.mixed_precision=fp8", "model.parallel: ParallelOptions.mixed_precision: fp8: not one of fp32, "
+     "bf16; see its arguments: python -m scalevec_lit fit --model.parallel.help scalevec_lit.lit.ParallelOptions"),
     ("--model.optimizer.init_args.lrr=3", "model.optimizer: AdamW.lrr: not an argument of AdamW; did you mean 'lr'?"),
     ("--model.optimizer.init_args.lr=abc", "model.optimizer: AdamW.lr: abc: expected one of float, torch.Tensor; see "
      "its arguments: python -m scalevec_lit fit --model.optimizer.help torch.optim.AdamW"),
