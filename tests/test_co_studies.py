@@ -48,3 +48,26 @@ def test_co_studies_run_twenty_tokens_per_parameter_and_are_preregistered(name):
         assert study.primary == "best_lr" and min(study.seeds) == 3 and len(study.seeds) >= 6
         assert study.lr_from in (None, {"study": "co_lr_cpu", "variant": study.baseline})
         assert study.power["mde"] > 0 and "co_lr_cpu" in study.power["source"]
+
+
+def _rule(pilot_sd: float, mde: float) -> int:
+    """The pre-registered size: the fewest seeds n with (t_.975,n-1 + t_.8,n-1) * pilot_sd / sqrt(n) <= MDE
+    (``pilot_sd`` is already 1.5 x E's paired std), between 6 and 24."""
+    from scipy import stats
+
+    n = next(n for n in range(2, 1000)
+             if (stats.t.ppf(0.975, n - 1) + stats.t.ppf(0.8, n - 1)) * pilot_sd / n ** 0.5 <= mde)
+    return min(max(n, 6), 24)
+
+
+@pytest.mark.parametrize("name,n", [("co_claim1_cpu", 7), ("co_claim2_cpu", 24), ("co_claim3_cpu", 24)])
+def test_f_to_h_are_sized_by_their_rule_from_study_e(name, n):
+    """F-H's seeds follow from their committed pilot std by the pre-registered rule (no placeholder left),
+    and every variant runs at E's best LR (3e-3 for all, inside E's extended grid)."""
+    text = (ROOT / "recipes" / "ablation" / f"{name}.yaml").read_text()
+    assert "placeholder" not in text.split("preregistration:")[0].lower()
+    study = st.load_study(ROOT / "recipes" / "ablation" / f"{name}.yaml")
+    assert _rule(study.power["pilot_sd"], study.power["mde"]) == n
+    assert study.seeds == list(range(3, 3 + n))
+    if name == "co_claim3_cpu":
+        assert [v.lrs for v in study.variants] == [[0.003], [0.003]]
