@@ -61,8 +61,8 @@ def own_sentence_first() -> Iterator[None]:
 
 
 _UNION = re.compile(r'Parser key "([\w.]+)": Does not validate against any of the Union subtypes')
-_PROBLEM = re.compile(r"Problem with given class_path '([\w.]+)': (.*?)(?: - Not a valid subclass of | - Expected a "
-                      r"<class 'NoneType'>|$)")
+_PROBLEM = re.compile(r"Problem with given class_path '([\w.]+)': (.*?)(?: - Not a valid subclass of | - Problem with given "
+                      r"class_path | - Expected a <class 'NoneType'>(?! Given value type: <class '(?:str|int|float)'>)|$)")
 _ARG = re.compile(r'Parser key "([\w.]+)": (.*)')
 _UNKNOWN = re.compile(r"Option '([\w.]+)' is not accepted")
 _CALLABLE = re.compile(r'Parser key "([\w.]+)": Type typing\.Callable\[.*?\] expects a function or a callable class: '
@@ -113,8 +113,11 @@ def _plain(said: str) -> str:
         return said
     types = [t.strip() for t in union.group(1).split(",")]
     names = [re.sub(r"^<class '(.*)'>$", r"\1", t) for t in types]
-    names = [n for n in names if n != "NoneType"]
-    return f"{union.group(2)}: expected {'a ' if len(names) == 1 else 'one of '}{', '.join(names)}"
+    names = [_WORDS.get(n, n) for n in names if n != "NoneType"]
+    return f"{union.group(2)}: expected {' or '.join(names)}{' (or null)' if 'NoneType' in union.group(1) else ''}"
+
+
+_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
 
 
 def argument_sentence_first(message: str) -> str:

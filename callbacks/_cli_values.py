@@ -42,11 +42,12 @@ _VALUE = (re.compile(r"Expected a path but (\S+) either not accessible or invali
 #: the example of the fix for the keys of the shipped recipes (otherwise: the closest or first accepted name)
 EXAMPLES = {"model.optimizer": "torch.optim.AdamW", "model.schedule": "WarmupCosine", "model.block": "Block",
             "trainer.callbacks": "scalevec_lit.callbacks.ScaleVectorMonitor", "trainer.logger": "TensorBoardLogger",
-            "trainer.precision": "bf16-mixed", "model.strategy.vector": "PlainScale"}
+            "trainer.precision": "bf16-mixed", "model.strategy.vector": "PlainScale",
+            "model.param_groups": "'{scale: {weight_decay: 0.0}}'"}
 #: how to set one key of a group of keys (a dataclass or the data module) that was given a plain value
 GROUP_EXAMPLES = {"model.strategy": "--model.strategy.placement.q=dual_norm", "data": "--data.batch_size=16",
                   "model.config": "--model.config.n_layer=4", "model.parallel":
-                  "--model.parallel.activation_checkpointing=true"}
+                  "--model.parallel.activation_checkpointing=true", "model.config.moe": "--model.config.moe.num_experts=8"}
 _MORE = 12  # other packages' names shown at most (the library's own are all shown)
 
 
@@ -219,8 +220,39 @@ def _class_line(key: str, value: str, typehint: Any, bases: tuple[type, ...]) ->
             f"dotted import path of another subclass, {fix}")
 
 
-def _group_line(key: str, value: str) -> str:
-    example = GROUP_EXAMPLES.get(key, f"--{key}.help")
+_SIMPLE = {int: ("an integer", 1), float: ("a number", 1.0), bool: ("true or false", "true"),
+           dict: ("a mapping ({key: value})", "'{KEY: VALUE}'")}
+
+
+def _simple_line(key: str, value: str, typehint: Any, action: Any) -> Optional[str]:
+    """``<key>: <value>: expected an integer (or null); e.g. --<key>=<its default>`` for a key of plain types."""
+    members = [dict if typing.get_origin(m) is dict else m for m in _flat(typehint)]
+    if not members or any(m not in _SIMPLE for m in members):
+        return None
+    default = getattr(action, "default", None)
+    if isinstance(default, bool):
+        default = str(default).lower()
+    if int in members and float in members:  # a number
+        members = [m for m in members if m is not int]
+    example = EXAMPLES.get(key) or (default if isinstance(default, (int, float, str)) else _SIMPLE[members[0]][1])
+    words = " or ".join(_SIMPLE[m][0] for m in dict.fromkeys(members))
+    optional = " (or null)" if type(None) in typing.get_args(typehint) else ""
+    return f"{key}: {value}: expected {words}{optional}; e.g. --{key}={example}"
+
+
+def _child(parser: Any, key: str) -> str:
+    """One key of the group ``key`` with its default, as a command-line option (``--key.child=value``)."""
+    for action in getattr(parser, "_actions", []):
+        dest = getattr(action, "dest", "")
+        if dest.startswith(key + ".") and action.option_strings and not dest.endswith((".help", "__path__")):
+            default = action.default
+            shown = str(default).lower() if isinstance(default, bool) else default
+            return f"--{dest}={shown if isinstance(shown, (int, float, str)) else 'VALUE'}"
+    return f"--{key}.KEY=VALUE"
+
+
+def _group_line(key: str, value: str, parser: Any = None) -> str:
+    example = GROUP_EXAMPLES.get(key) or _child(parser, key)
     fix = f"set its keys one by one ({example}) or give a YAML file of them (--{key}=FILE.yaml)"
     if key == "model.strategy":
         from scalevec_lit.recipe_lookup import recipe_names
@@ -247,7 +279,7 @@ def value_sentence(message: str, parser: Any) -> Optional[str]:
     try:
         group, typehint = _typehint(parser, key)
         if group or "Unable to load config" in said:
-            return _group_line(key, value)
+            return _group_line(key, value, parser)
         if typehint is None:
             return None
         choices = _choices(typehint)
@@ -258,12 +290,15 @@ def value_sentence(message: str, parser: Any) -> Optional[str]:
             default = getattr(parser_action(parser, key), "default", None)
             example = close[0] if close else EXAMPLES.get(key, str(default) if str(default) in names else names[0])
             return f"{key}: {value}: not one of {', '.join(names)}; {said_close}e.g. {_flag(key, typehint, example)}"
+        simple = _simple_line(key, value, typehint, parser_action(parser, key))
+        if simple is not None:
+            return simple
         bases = _bases(typehint)
         if not bases:
             return None
         if all(dataclasses.is_dataclass(b) for b in bases):
             obj, _ = _import(value) if "." in value else (None, None)
-            return None if isinstance(obj, type) and issubclass(obj, bases) else _group_line(key, value)
+            return None if isinstance(obj, type) and issubclass(obj, bases) else _group_line(key, value, parser)
         return _class_line(key, value, typehint, bases)
     except Exception:  # noqa: BLE001 - placing the error is a courtesy; never hide jsonargparse's text
         return None

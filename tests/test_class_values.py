@@ -58,8 +58,18 @@ CASES = [
     ("--model.parallel.mixed_precision=fp8", "model.parallel: ParallelOptions.mixed_precision: fp8: not one of fp32, "
      "bf16; see its arguments: python -m scalevec_lit fit --model.parallel.help scalevec_lit.lit.ParallelOptions"),
     ("--model.optimizer.init_args.lrr=3", "model.optimizer: AdamW.lrr: not an argument of AdamW; did you mean 'lr'?"),
-    ("--model.optimizer.init_args.lr=abc", "model.optimizer: AdamW.lr: abc: expected one of float, torch.Tensor; see "
+    ("--model.optimizer.init_args.lr=abc", "model.optimizer: AdamW.lr: abc: expected a number or torch.Tensor; see "
      "its arguments: python -m scalevec_lit fit --model.optimizer.help torch.optim.AdamW"),
+    ("--trainer.callbacks+=SafeModelCheckpoint --trainer.callbacks.every_n_train_steps=abc", "trainer.callbacks: "
+     "SafeModelCheckpoint.every_n_train_steps: abc: expected an integer (or null); see its arguments: python -m "
+     "scalevec_lit fit --trainer.callbacks.help scalevec_lit.callbacks.SafeModelCheckpoint"),
+    # a key of plain types, a group of keys
+    ("--model.config.n_layer=four", "model.config.n_layer: four: expected an integer; e.g. --model.config.n_layer=4"),
+    ("--model.compile=maybe", "model.compile: maybe: expected true or false; e.g. --model.compile=false"),
+    ("--model.param_groups=foo", "model.param_groups: foo: expected a mapping ({key: value}) (or null); e.g. "
+     "--model.param_groups='{scale: {weight_decay: 0.0}}'"),
+    ("--model.strategy.placement=foo", "model.strategy.placement: foo: not a file; set its keys one by one "
+     "(--model.strategy.placement.q=input) or give a YAML file of them (--model.strategy.placement=FILE.yaml)"),
 ]
 
 
