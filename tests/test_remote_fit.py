@@ -144,6 +144,7 @@ def test_endpoint_stops_answering_mid_run(s3, reference, tmp_path, capfd, monkey
             proc.kill()
         errors = [line for line in err.splitlines() if line.startswith("error: ")]
         assert proc.returncode == 1 and len(errors) == 1, err[-3000:]
+        assert "Traceback" not in err and "CRASHED" not in err, err[-3000:]  # the one line only
         assert errors[0].startswith(f"error: data.data_dir: {s3.url}/train/chunk-") and \
             "failed 2 times, the last with" in errors[0], errors[0]
         assert f"(endpoint {own.endpoint}); check that the endpoint is up" in errors[0]

@@ -139,6 +139,27 @@ def register() -> None:
     from litdata.streaming.downloader import register_downloader
 
     register_downloader("s3://", _downloader_class(), overwrite=True)
+    _quiet_own_errors()
+
+
+def _quiet_own_errors() -> None:
+    """litdata's chunk thread prints a traceback (``PrepareChunksThread CRASHED``) for any error of a download,
+    then the reader raises that error in the training thread; ours (an endpoint gone, a corrupt chunk) is one
+    line there, so its traceback is not printed (anything else still is)."""
+    from litdata.streaming import reader
+
+    from ..errors import UserError
+
+    original = reader.PrepareChunksThread._report_crash
+    if getattr(original, "scalevec_quiet", False):
+        return
+
+    def report_crash(self, exc: BaseException) -> None:
+        if not isinstance(exc, UserError):
+            original(self, exc)
+
+    report_crash.scalevec_quiet = True
+    reader.PrepareChunksThread._report_crash = report_crash
 
 
 @functools.lru_cache(maxsize=None)
