@@ -34,7 +34,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from scalevec_lit.lit import reshard
-from scalevec_lit.runlock import LOCK, acquire_folder, check_lineage, release_folder
+from scalevec_lit.runlock import LOCK, acquire_folder, check_lineage, moved_folder_state, release_folder
 from scalevec_lit.checkpoint.verify import MismatchedCheckpointError, unreadable, verify_checkpoint, write_failure
 
 from ._async_write import AsyncSaves, BackgroundWriter, DistributedAsync, raise_write_failure, record_checksums, snapshot
@@ -258,6 +258,9 @@ class SafeModelCheckpoint(AsyncSaves, StopSignals, FinalSave, reshard.WorldRecor
         self.stop_if_signalled(trainer)
         self.save_at_last_step(trainer)
         self.keep_step_end(trainer)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(moved_folder_state(state_dict, self.dirpath))  # the run's folder moved: its files
 
     def _find_last_checkpoints(self, trainer) -> set[str]:
         """Every complete checkpoint in the folder (Lightning resumes from the newest): a run killed between

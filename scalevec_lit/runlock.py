@@ -138,3 +138,29 @@ def release_folder(folder: str | Path) -> None:
     held = _read(lock)
     if held.get("pid") == os.getpid() and held.get("host") == socket.gethostname():
         lock.unlink(missing_ok=True)
+
+
+def moved_folder_state(state: dict, folder: Optional[str]) -> dict:
+    """A checkpoint callback's saved state, its paths moved to ``folder`` when that folder holds the files the
+    state names under another path (the run's folder moved or renamed, or named relative then absolute):
+    Lightning compares the folder by its string and otherwise forgets them, so a resumed run wrote
+    ``last-v1.ckpt`` beside a stale ``last.ckpt`` and never deleted the old top-k checkpoints. A state whose
+    files are not in ``folder`` (another run's) is returned as it is."""
+    saved = state.get("dirpath")
+    last = state.get("last_model_path") or state.get("best_model_path")
+    if not saved or not folder or saved == folder or not last:
+        return state
+
+    def here(path):
+        moved = os.path.join(folder, os.path.basename(str(path).rstrip("/")))
+        return moved if os.path.exists(moved) else None
+
+    if here(last) is None:
+        return state
+    moved = {**state, "dirpath": folder}
+    for key in ("last_model_path", "best_model_path", "kth_best_model_path"):
+        if state.get(key):
+            moved[key] = here(state[key]) or ""
+    if isinstance(state.get("best_k_models"), dict):
+        moved["best_k_models"] = {here(p): v for p, v in state["best_k_models"].items() if here(p) is not None}
+    return moved
