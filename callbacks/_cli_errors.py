@@ -67,6 +67,7 @@ _ARG = re.compile(r'Parser key "([\w.]+)": (.*)')
 _UNKNOWN = re.compile(r"Option '([\w.]+)' is not accepted")
 _CALLABLE = re.compile(r'Parser key "([\w.]+)": Type typing\.Callable\[.*?\] expects a function or a callable class: '
                        r"(.*?)\. Got value: Namespace\(class_path='([\w.]+)'")
+_PATH_FIRST = re.compile(r'(Parser key "[\w.]+": )- Expected a path but .*? either not accessible or invalid - ')
 _LITERAL = re.compile(r"Expected a typing\.Literal\[(.*)\]\. Got value: (\S+)")
 _UNION_OF = re.compile(r"Does not validate against any of the Union subtypes Subtypes: \[(.*?)\] Errors: .* Given value "
                        r"type: <class '[^']*'> Given value: (\S+)$")
@@ -124,7 +125,7 @@ def argument_sentence_first(message: str) -> str:
     """jsonargparse's refusal of one class's argument inside a Union (``trainer.callbacks``, ``model.schedule`` …) or a
     Callable (``model.optimizer``) as ``<key>: <Class>.<argument>: <its sentence>; see its arguments: <the help
     command>``; any other message unchanged."""
-    text = " ".join(str(message).split())
+    text = _PATH_FIRST.sub(r"\1", " ".join(str(message).split()))  # a string value was tried as a file first
     called = _CALLABLE.search(text)
     if called is not None and called.group(2).startswith(("Option '", 'Parser key "')):  # else: the class itself
         return _argument_line(called.group(1), called.group(3), called.group(2).strip())

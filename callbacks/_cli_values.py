@@ -27,6 +27,8 @@ import re
 import typing
 from typing import Any, Optional
 
+from ._cli_import import describe, import_dotted
+
 __all__: list[str] = []  # nothing here is a callback
 
 _KEY = re.compile(r'^Parser key "([\w.]+)": (.*)$')
@@ -36,9 +38,9 @@ _VALUE = (re.compile(r"Expected a path but (\S+) either not accessible or invali
           re.compile(r"Problem with given class_path '([^']+)'"),
           re.compile(r"Import path (\S+) does not correspond to a subclass"),
           re.compile(r"Got value: Namespace\(class_path='([^']+)'"),
-          re.compile(r"Expected a dot import path string: (\S+)"),
-          re.compile(r"Got value: (\S+)$"),
-          re.compile(r"Given value: (\S+)$"))
+          re.compile(r"Expected a dot import path string:(?: (\S+))?(?= - |$)"),
+          re.compile(r"Got value:(?: (\S+))?$"),
+          re.compile(r"Given value:(?: (\S+))?$"))
 #: the example of the fix for the keys of the shipped recipes (otherwise: the closest or first accepted name)
 EXAMPLES = {"model.optimizer": "torch.optim.AdamW", "model.schedule": "WarmupCosine", "model.block": "Block",
             "trainer.callbacks": "scalevec_lit.callbacks.ScaleVectorMonitor", "trainer.logger": "TensorBoardLogger",
@@ -55,7 +57,7 @@ def _given(text: str) -> Optional[str]:
     for pattern in _VALUE:
         found = pattern.search(text)
         if found:
-            return found.group(1)
+            return found.group(1) or ""
     return None
 
 
@@ -151,47 +153,6 @@ def _accepted(ours: list[str], others: list[str]) -> str:
     return f"a class name ({listed})"
 
 
-def _import(path: str) -> tuple[Any, Optional[str]]:
-    """``(the object, None)``, or ``(None, why it cannot be imported)``: the modules of the path are imported
-    shortest first, the rest are attributes."""
-    parts = path.split(".")
-    obj: Any = None
-    cut = 0
-    for cut in range(1, len(parts) + 1):
-        module_name = ".".join(parts[:cut])
-        try:
-            obj = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if err.name != module_name:  # the module exists; one of its own imports is missing
-                return None, (f"importing its module {module_name} failed ({type(err).__name__}: {err}); install "
-                              "what that module imports, or fix the module")
-            cut -= 1
-            break
-        except Exception as err:  # noqa: BLE001 - the module's own error, named
-            return None, f"importing its module {module_name} failed ({type(err).__name__}: {err}); fix the module"
-    if cut == 0:
-        return None, (f"cannot be imported (ModuleNotFoundError: No module named {parts[0]!r}); check the spelling, "
-                      f"or make its package importable (install it, or add the folder that holds {parts[0]!r} to "
-                      "PYTHONPATH)")
-    for i, name in enumerate(parts[cut:]):
-        if not hasattr(obj, name):
-            return None, f"{'module' if i == 0 else 'class'} {'.'.join(parts[:cut + i])} has no attribute {name!r}"
-        obj = getattr(obj, name)
-    return obj, None
-
-
-def _what(obj: Any) -> str:
-    import inspect
-
-    if inspect.ismodule(obj):
-        return "a module, not a class"
-    if isinstance(obj, type):
-        return f"a class derived from {', '.join(_path(b) for b in obj.__mro__[1:-1][:1]) or 'object'}"
-    if inspect.isfunction(obj) or inspect.isbuiltin(obj):
-        return "a function, not a class"
-    return f"a {type(obj).__name__}, not a class"
-
-
 def _class_line(key: str, value: str, typehint: Any, bases: tuple[type, ...]) -> Optional[str]:
     ours, others = _known(bases)
     base = " or ".join(_path(b) for b in bases)
@@ -199,11 +160,13 @@ def _class_line(key: str, value: str, typehint: Any, bases: tuple[type, ...]) ->
     close = _closest(value, ours + others)
     example = close[0] if close else EXAMPLES.get(key) or (ours + others + [base])[0]
     fix = f"e.g. {_flag(key, typehint, example)}"
+    if value.rpartition(".")[2] in {n.rpartition(".")[2] for n in ours + others}:
+        return None  # a class the key takes: jsonargparse refused something else (an argument), keep its words
     if "." not in value:
         said = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
         return (f"{key}: {value}: not a class name the parser knows for this key; {said}give {accepted} or "
                 f"the dotted import path of a subclass of {base}, {fix}")
-    obj, why = _import(value)
+    obj, why = import_dotted(value)
     if why is not None:
         if "has no attribute" in why:
             owner = why.split(" ")[1]
@@ -216,7 +179,7 @@ def _class_line(key: str, value: str, typehint: Any, bases: tuple[type, ...]) ->
         return f"{key}: {value}: {why}; {fix}"
     if isinstance(obj, type) and issubclass(obj, bases):
         return None  # of the right type: jsonargparse's reason is another one; keep its text
-    return (f"{key}: {value}: is {_what(obj)}: the key needs a subclass of {base}; give {accepted} or the "
+    return (f"{key}: {value}: is {describe(obj)}: the key needs a subclass of {base}; give {accepted} or the "
             f"dotted import path of another subclass, {fix}")
 
 
@@ -266,6 +229,14 @@ def _group_line(key: str, value: str, parser: Any = None) -> str:
     return f"{key}: {value}: not a file; {fix}"
 
 
+def _example(parser: Any, key: str) -> Optional[str]:
+    """``e.g. --<key>=<value>``: the key's example above, else its default; None without either."""
+    default = EXAMPLES.get(key, getattr(parser_action(parser, key), "default", None))
+    if isinstance(default, bool):
+        default = str(default).lower()
+    return f"e.g. --{key}={default}" if isinstance(default, (int, float, str)) and default != "" else None
+
+
 def value_sentence(message: str, parser: Any) -> Optional[str]:
     """One line for jsonargparse's refusal of a class-typed, choice-typed or group key's value, or None."""
     text = " ".join(str(message).split())
@@ -274,8 +245,14 @@ def value_sentence(message: str, parser: Any) -> Optional[str]:
         return None
     key, said = found.groups()
     value = _given(said)
-    if value is None:
+    inner = said.rfind('Parser key "')
+    if value is not None and value.startswith("{") and inner > 0:  # a mapping: the line of the key inside it
+        return value_sentence(said[inner:], parser)
+    if value is None or value.startswith("{"):
         return None
+    value = value.strip("[],") if value.startswith("[") else value  # a list: its first element
+    if not value:
+        return f"{key}: (empty): no value given; " + (_example(parser, key) or f"give --{key}=VALUE")
     try:
         group, typehint = _typehint(parser, key)
         if group or "Unable to load config" in said:
@@ -297,7 +274,7 @@ def value_sentence(message: str, parser: Any) -> Optional[str]:
         if not bases:
             return None
         if all(dataclasses.is_dataclass(b) for b in bases):
-            obj, _ = _import(value) if "." in value else (None, None)
+            obj, _ = import_dotted(value) if "." in value else (None, None)
             return None if isinstance(obj, type) and issubclass(obj, bases) else _group_line(key, value, parser)
         return _class_line(key, value, typehint, bases)
     except Exception:  # noqa: BLE001 - placing the error is a courtesy; never hide jsonargparse's text
@@ -320,7 +297,7 @@ def import_failure_line(err: BaseException) -> Optional[str]:
         tb = tb.tb_next
     if path is None or key is None:
         return None
-    _, why = _import(path)
+    _, why = import_dotted(path)
     if why is None:
         return None
     example = f"; e.g. --{key}={EXAMPLES[key]}" if key in EXAMPLES else ""

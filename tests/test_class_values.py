@@ -63,6 +63,11 @@ CASES = [
     ("--trainer.callbacks+=SafeModelCheckpoint --trainer.callbacks.every_n_train_steps=abc", "trainer.callbacks: "
      "SafeModelCheckpoint.every_n_train_steps: abc: expected an integer (or null); see its arguments: python -m "
      "scalevec_lit fit --trainer.callbacks.help scalevec_lit.callbacks.SafeModelCheckpoint"),
+    ("--model.optimizer=", "model.optimizer: (empty): no value given; e.g. --model.optimizer=torch.optim.AdamW"),
+    ("--model.strategy={placement: {q: dnpp}}", "model.strategy.placement.q: dnpp: not one of input, output, dual, "
+     "dual_norm; e.g. --model.strategy.placement.q=input"),
+    ("--model.schedule={class_path: WarmupCosine, init_args: {warmup: 3}}", "model.schedule: WarmupCosine.warmup: not "
+     "an argument of WarmupCosine; did you mean 'warmup_steps'?"),
     # a key of plain types, a group of keys
     ("--model.config.n_layer=four", "model.config.n_layer: four: expected an integer; e.g. --model.config.n_layer=4"),
     ("--model.compile=maybe", "model.compile: maybe: expected true or false; e.g. --model.compile=false"),
@@ -75,7 +80,8 @@ CASES = [
 
 @pytest.mark.parametrize("option, line", CASES, ids=[c[0] for c in CASES])
 def test_a_wrong_value_is_one_line(capfd, option, line):
-    code, text = main_in_process(capfd, ["fit", "--config", SMOKE, *option.split(" "), "--print_plan"])
+    options = [option] if "{" in option else option.split(" ")  # a mapping is one value
+    code, text = main_in_process(capfd, ["fit", "--config", SMOKE, *options, "--print_plan"])
     assert (code, text.strip()) == (2, f"error: {line}")
 
 
