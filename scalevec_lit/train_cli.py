@@ -38,6 +38,18 @@ def _known_keys(parser) -> list[str]:
     return keys
 
 
+def _recipe_in_group(key: str, known: list[str]) -> Optional[str]:
+    """The group (``model.strategy``) when an unknown ``key`` is that group followed by a key of the whole recipe
+    (``model.strategy.model.strategy.vector.class_path``): a recipe file was given to the group's option
+    (``--model.strategy=recipes/strategy/dnp.yaml``)."""
+    parts = key.split(".")
+    for n in range(1, len(parts) - 1):
+        rest = ".".join(parts[n:])  # two parts at least: a section and its key
+        if any(k == rest or k.startswith(rest + ".") or rest.startswith(k + ".") for k in known if "." in k):
+            return ".".join(parts[:n])
+    return None
+
+
 class ScaleVecArgumentParser(LightningArgumentParser):
     """Adds the fix to jsonargparse's errors: for an unknown key, the closest known keys; for a wrong class, choice
     or group value, what the key accepts (``callbacks/_cli_values.py``)."""
@@ -61,8 +73,13 @@ class ScaleVecArgumentParser(LightningArgumentParser):
         group = re.search(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
         unknown = re.search(r"does not accept option '([\w.]+)'|[Uu]nrecognized arguments: --([\w.]+)", message)
         key = f"{group.group(1)}.{group.group(2)}" if group else (unknown and (unknown.group(1) or unknown.group(2)))
-        if key:
-            parser = getattr(ex, "subcommand_parser", None) or self
+        parser = getattr(ex, "subcommand_parser", None) or self
+        nested = key and _recipe_in_group(key, _known_keys(parser))
+        if nested:
+            message = (f"--{nested}: the file given to it is a whole recipe, not {nested}'s own keys (read as {key}); "
+                       f"give it with --config FILE (after the base recipe), or give --{nested} a file of {nested}'s "
+                       "keys only")
+        elif key:
             close = difflib.get_close_matches(key, list(dict.fromkeys(_known_keys(parser))), n=3, cutoff=0.6)
             message += f"\n  unknown key {key!r}" + (
                 f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import scalevec_lit.train_cli  # noqa: F401 - Lightning imported before capfd captures (see test_bad_input.py)
-from helpers import SMOKE, main_in_process
+from helpers import ROOT, SMOKE, main_in_process
 
 TORCH_OPTIMIZERS = ("a class name (this library's MuonAdamW; also Adadelta, Adafactor, Adagrad, Adam, Adamax, AdamW, "
                     "ASGD, LBFGS, Muon, NAdam, RAdam, RMSprop, …) or the dotted import path")
@@ -127,3 +127,13 @@ def test_a_wrong_value_in_a_recipe_is_the_same_line(capfd, tmp_path, text, line)
     recipe.write_text(text)
     code, out = main_in_process(capfd, ["fit", "--config", SMOKE, "--config", recipe, "--print_plan"])
     assert (code, out.strip()) == (2, f"error: {line}")
+
+
+def test_a_recipe_given_to_a_group_says_to_use_config(capfd):
+    """``--model.strategy=recipes/strategy/dnp.yaml``: the preset's keys are read under model.strategy twice."""
+    preset = ROOT / "recipes" / "strategy" / "dnp.yaml"
+    code, out = main_in_process(capfd, ["fit", "--config", SMOKE, f"--model.strategy={preset}", "--print_plan"])
+    assert (code, out.strip()) == (2, "error: --model.strategy: the file given to it is a whole recipe, not "
+                                      "model.strategy's own keys (read as model.strategy.model.strategy.vector."
+                                      "class_path); give it with --config FILE (after the base recipe), or give "
+                                      "--model.strategy a file of model.strategy's keys only")
