@@ -52,6 +52,7 @@ FILE_COST = {
     "test_checkpoint_folder.py": 72,  # measured on a busy machine: two 2-process FSDP2 fits and two resumes
     "test_checkpoint_folder_full.py": 22,  # measured on a busy machine: two 1-process FSDP2 fits
     "test_output_folders.py": 23, "test_optim.py": 23, "test_first_run.py": 20,
+    "test_class_values.py": 16,  # measured on a busy machine (load 5): 32 in-process parses of fit
 }
 
 
