@@ -8,8 +8,9 @@ the guarantees of a synchronous save:
 - **a distributed (DCP) folder** (FSDP2, ``ModelParallelStrategy``): rank 0 writes Lightning's ``meta.pt``
   into ``<name>.tmp/``, every rank hands its shards to ``torch.distributed.checkpoint.async_save`` (which
   copies them to CPU memory before it returns, then writes them in its own thread over a second gloo
-  process group, so that its collectives never meet the training's), and rank 0 swaps the folder in once
-  its save has finished (DCP's coordinator finishes only after every rank has written its files);
+  process group, so that its collectives never meet the training's), every rank hashes its share of the
+  files (``checksums.json``, ``scalevec_lit/checkpoint/folder.py``) and rank 0 swaps the folder in once its
+  save has finished (DCP's coordinator finishes only after every rank has written its files);
 - ``last`` (``save_last: true``) at the step just saved is that checkpoint again: the writer links it
   (hard links, a copy where the file system has none) into ``last.ckpt`` once it is complete, so it costs
   neither a second copy nor a second write;
