@@ -37,7 +37,8 @@ from scalevec_lit.lit import reshard
 from scalevec_lit.runlock import LOCK, acquire_folder, check_lineage, moved_folder_state, release_folder
 from scalevec_lit.checkpoint.verify import MismatchedCheckpointError, unreadable, verify_checkpoint, write_failure
 
-from ._async_write import AsyncSaves, BackgroundWriter, DistributedAsync, raise_write_failure, record_checksums, snapshot
+from ._async_write import (AsyncSaves, BackgroundWriter, DistributedAsync, raise_write_failure, record_checksums,
+                           snapshot)
 from ._final_save import FinalSave
 from ._stop_signals import StopSignals
 

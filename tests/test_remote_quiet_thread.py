@@ -19,7 +19,8 @@ def _thread() -> SimpleNamespace:
 def test_the_library_s_own_download_error_is_not_printed_by_the_chunk_thread(capfd):
     cache.register()
     cache.register()  # once per process: not wrapped twice
-    error = RunError("data.data_dir", "s3://b/p/train/chunk-0-1.bin", "downloading failed 2 times", "check the endpoint")
+    error = RunError("data.data_dir", "s3://b/p/train/chunk-0-1.bin", "downloading failed 2 times",
+                     "check the endpoint")
     PrepareChunksThread._report_crash(_thread(), error)
     assert capfd.readouterr().err == ""
 
