@@ -13,7 +13,9 @@ either not accessible or invalid - Expected a dot import path string: foo``) bec
   and the base class the key needs;
 - a value outside a key's choices (``model.nonfinite``, ``trainer.precision``, a placement): the choices;
 - a plain value where a group of keys is expected (``--model.strategy=dnp``, ``--data=foo``): how to set its
-  keys, and for a strategy the shipped presets (``--config strategy/dnp``).
+  keys, and for a strategy the shipped presets (``--config strategy/dnp``);
+- a key of plain types (``model.config.n_layer: four``): the type and an example; an empty value: that it is;
+- a mapping (``--model.strategy={placement: {q: dnpp}}``): the line of the key inside it that was refused.
 
 Any other message (and any case it cannot place: the class is importable and of the right type) is left as it
 is. Plain Python at import: jsonargparse, Lightning and the classes are imported only when an error is placed.
@@ -160,7 +162,7 @@ def _class_line(key: str, value: str, typehint: Any, bases: tuple[type, ...]) ->
     close = _closest(value, ours + others)
     example = close[0] if close else EXAMPLES.get(key) or (ours + others + [base])[0]
     fix = f"e.g. {_flag(key, typehint, example)}"
-    if value.rpartition(".")[2] in {n.rpartition(".")[2] for n in ours + others}:
+    if "." not in value and value in {n.rpartition(".")[2] for n in ours + others}:
         return None  # a class the key takes: jsonargparse refused something else (an argument), keep its words
     if "." not in value:
         said = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""

@@ -27,6 +27,9 @@ CASES = [
     ("--model.optimizer=nosuchpkg.Opt", "model.optimizer: nosuchpkg.Opt: cannot be imported (ModuleNotFoundError: No "
      "module named 'nosuchpkg'); check the spelling, or make its package importable (install it, or add the folder "
      "that holds 'nosuchpkg' to PYTHONPATH); e.g. --model.optimizer=torch.optim.AdamW"),
+    ("--model.optimizer=foo.AdamW", "model.optimizer: foo.AdamW: cannot be imported (ModuleNotFoundError: No module "
+     "named 'foo'); check the spelling, or make its package importable (install it, or add the folder that holds "
+     "'foo' to PYTHONPATH); e.g. --model.optimizer=AdamW"),
     ("--model.schedule=torch.nn.Linear", "model.schedule: torch.nn.Linear: is a class derived from torch.nn.Module: "
      f"the key needs a subclass of scalevec_lit.lit.Schedule; give {SCHEDULES.split(' or the')[0]} or the dotted "
      "import path of another subclass, e.g. --model.schedule=WarmupCosine"),
