@@ -8,6 +8,10 @@ wraps that sentence in about 1,000 characters of its own ("Does not validate aga
 ``trainer.callbacks: SharpnessMonitor.every_n_steps: Expected a <class 'int'>. Got value: abc; see its
 arguments: …``, in place of the Union text (``ScaleVecArgumentParser.error``).
 
+``parser_sentence(message, parser)`` is what ``ScaleVecArgumentParser.error`` prints: an argument's line as above
+(also inside a ``Callable``, ``model.optimizer.init_args.*``), else the line of a wrong class, choice, plain or
+group value (``_cli_values.py``), else jsonargparse's message.
+
 ``own_sentence_first()`` goes around that build (``scalevec_lit/cli.py``, ``ScaleVecCLI.instantiate_classes``):
 when jsonargparse's error was caused by a ``UserError`` or ``ValueError`` raised outside jsonargparse (the
 class's own check, e.g. ``SharpnessMonitor.tol: 0.0: must be > 0; …``), that error is raised instead, so the
@@ -105,7 +109,8 @@ def _argument_line(key: str, class_path: str, inner: str) -> str:
 def _plain(said: str) -> str:
     """jsonargparse's Union text about one value (``- Expected a path but abc ... Does not validate against any of
     the Union subtypes Subtypes: [<class 'float'>, <class 'torch.Tensor'>] Errors: ... Given value: abc``) as
-    ``abc: expected one of float, torch.Tensor``; any other sentence unchanged."""
+    ``abc: expected a number or torch.Tensor``, a ``Literal``'s as ``fp8: not one of fp32, bf16``; any other sentence
+    unchanged."""
     literal = _LITERAL.fullmatch(said)
     if literal is not None:
         return f"{literal.group(2)}: not one of {', '.join(v.strip().strip(chr(39)) for v in literal.group(1).split(','))}"
