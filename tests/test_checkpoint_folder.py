@@ -114,7 +114,7 @@ def _fsdp(data: Path, root: Path, steps: int, devices: int, async_save: bool, *e
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("async_save", [False, True])
+@pytest.mark.parametrize("async_save", [True])  # a synchronous save's checksums: tests/test_distributed.py
 def test_a_run_records_checksums_and_a_resume_refuses_a_changed_shard(prepared_data, tmp_path, async_save):
     root = tmp_path / "run"
     env = {"OMP_NUM_THREADS": "1"}

@@ -120,6 +120,9 @@ def test_cli_fsdp2_distributed_checkpoint_and_resume(prepared_data, tmp_path):
     assert sorted(reference) == list(range(10))
     ckpt = a / "checkpoints" / "step000005.ckpt"
     assert ckpt.is_dir() and list(ckpt.glob("*.distcp"))  # a distributed (DCP) checkpoint: one shard per rank
+    # written synchronously, with each file's size and CRC32 (tests/test_checkpoint_folder.py)
+    assert sorted(json.loads((ckpt / "checksums.json").read_text())["crc32"]) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
 
     res = run_cli(_fsdp_args(prepared_data, b, 10, f"--ckpt_path={ckpt}"), cwd=b, env=env)
     assert res.returncode == 0, res.stderr[-4000:]
