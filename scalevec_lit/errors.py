@@ -79,6 +79,10 @@ class CommandLineParser(argparse.ArgumentParser):
             problem = f"{choice.group(1)}: {choice.group(2)}: not one of {choice.group(3)}"
         elif other:
             problem = f"{other.group(1)}: {other.group(2)}"
+        elif message.startswith("unrecognized arguments: "):
+            extra = message.removeprefix("unrecognized arguments: ")
+            more = f"; see {self.prog} {names[0]} --help (or {', '.join(names[1:])}) for a command's" if names else ""
+            problem = f"{extra}: not {'an option' if ' ' not in extra else 'options'} it takes{more}"
         else:
             problem = message
         raise UsageError(f"{where}: {problem}; {usage}")

@@ -18,6 +18,8 @@ CASES = [
      f"{STUDY_USAGE}"),
     (["study"], f"error: study: no command given; choose run, plan or report; {STUDY_USAGE}"),
     (["study", "run", "s.yaml", "--parallel", "two"], f"error: study run: --parallel: invalid int value: 'two'; {RUN_USAGE}"),
+    (["study", "plan", "s.yaml", "--bogus"], "error: study: --bogus: not an option it takes; see python -m "
+     f"scalevec_lit study run --help (or plan, report) for a command's; {STUDY_USAGE}"),
     (["study", "report"], "error: study report: the argument dir is missing; usage: python -m scalevec_lit study "
      "report [-h] [--study STUDY] dir"),
 ]
