@@ -157,14 +157,15 @@ def raise_write_failure(err: BaseException, tmp: Path, final: Path, rank_zero: b
     raise failure from None
 
 
-def record_checksums(folder: Path, rank: int, world: int, rank_zero: bool, group=None) -> None:
-    """Every rank hashes its share of the written DCP folder; rank 0 writes ``checksums.json`` (collective:
-    after every rank has written, before the folder is renamed into place)."""
+def record_checksums(folder: Path, rank: int, world: int, rank_zero: bool, group=None, verify: str = "auto") -> None:
+    """Every rank hashes its share of the written DCP folder (``verify``: ``sizes``, or ``auto`` above its
+    threshold, only measures it); rank 0 writes ``checksums.json`` (collective: after every rank has written,
+    before the folder is renamed into place)."""
     import torch.distributed as dist
 
-    from scalevec_lit.checkpoint.folder import checksum_share, write_checksums
+    from scalevec_lit.checkpoint.folder import checksum_share, hashes, write_checksums
 
-    share = checksum_share(folder, rank, world)
+    share = checksum_share(folder, rank, world, crc=hashes(folder, verify, world))
     shares = [share]
     if world > 1 and dist.is_available() and dist.is_initialized():
         shares = [None] * world
@@ -183,7 +184,8 @@ class DistributedAsync:
         self.group = dist.new_group(backend="gloo", **({"timeout": timeout} if timeout is not None else {}))
         self.writer = BackgroundWriter()
 
-    def save(self, trainer, tmp: Path, final: Path, weights_only: bool, swap: Callable[[Path, Path], None]) -> None:
+    def save(self, trainer, tmp: Path, final: Path, weights_only: bool, swap: Callable[[Path, Path], None],
+             verify: str = "auto") -> None:
         import shutil
 
         import torch
@@ -207,7 +209,7 @@ class DistributedAsync:
                 future.result()  # every rank's shards and rank 0's .metadata are written
             except BaseException as err:
                 raise_write_failure(err, tmp, final, rank_zero)
-            record_checksums(tmp, rank, world, rank_zero, self.group)
+            record_checksums(tmp, rank, world, rank_zero, self.group, verify)
             if rank_zero:
                 swap(tmp, final)
 

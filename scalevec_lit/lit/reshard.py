@@ -153,34 +153,36 @@ def optimizer_state_by_name(state: dict, module, optimizer) -> dict:
             "param_groups": [{**g, "params": [by_index[i] for i in g["params"]]} for g in state["param_groups"]]}
 
 
-def verify_folder(path, rank: int, world: int) -> None:
+def verify_folder(path, rank: int, world: int, verify: str = "auto") -> None:
     """A DCP checkpoint folder whole and unchanged before any rank reads it (``checkpoint/folder.py``): each
-    rank checks its share of the checksums, and every rank raises the first problem found (collective)."""
+    rank checks its share of the checksums (``verify``: ``sizes``, or ``auto`` above its threshold, the sizes
+    and structure only), and every rank raises the first problem found (collective)."""
     import torch.distributed as dist
 
-    from ..checkpoint.folder import folder_problem
+    from ..checkpoint.folder import folder_problem, hashes
     from ..checkpoint.verify import unreadable
 
-    problems = [folder_problem(path, full=True, rank=rank, world=world)]
+    full = hashes(path, verify, world)
+    problems = [folder_problem(path, full=full, rank=rank, world=world)]
     if world > 1 and dist.is_available() and dist.is_initialized():
         problems = [None] * world
-        dist.all_gather_object(problems, folder_problem(path, full=True, rank=rank, world=world))
+        dist.all_gather_object(problems, folder_problem(path, full=full, rank=rank, world=world))
     problem = next((p for p in problems if p is not None), None)
     if problem is not None:
         raise unreadable(Path(path), ValueError(problem))
 
 
-def load_one_file(strategy) -> None:
+def load_one_file(strategy, verify: str = "auto") -> None:
     """Let ``strategy`` (FSDP2, ``ModelParallelStrategy``) resume a one-file checkpoint on any number of
     processes: Lightning reads it whole and shards it; its optimizer state is re-keyed by name first
-    (``optimizer_state_by_name``)."""
+    (``optimizer_state_by_name``). A DCP folder is checked first (``verify_folder``, by ``verify``)."""
     from lightning.fabric.strategies import model_parallel
 
     load = strategy.load_checkpoint
 
     def loading(checkpoint_path, *args, **kwargs):
         if Path(checkpoint_path).is_dir():
-            verify_folder(checkpoint_path, strategy.global_rank, strategy.world_size)
+            verify_folder(checkpoint_path, strategy.global_rank, strategy.world_size, verify)
         original = model_parallel._rekey_optimizer_state_if_needed
         optimizers = strategy.optimizers
         if len(optimizers) == 1:
