@@ -36,7 +36,7 @@ from .spec import CKPT_DIR, DONE, VAL_TAG, Run, Study, fit_command, fmt_lr, run_
 from .regime import params_from_log, trained_tokens
 from .secondary import endpoints_of, power_line
 from .stats import best_lr
-from .stopping import Runs, dies_with_runner, killed_line, stopped_line
+from .stopping import Runs, killed_line, run_setup, stopped_line
 
 
 def now() -> str:
@@ -101,9 +101,10 @@ def _start(study: Study, run: Run, out: Path, env: dict) -> tuple[subprocess.Pop
         log.write(f"\n=== {now()} {'resume' if resuming else 'start'}: {' '.join(cmd)}\n")
         log.flush()
         # its own session: a Ctrl-C at the terminal or a signal to the runner's group reaches the runner only,
-        # which passes it on once (``stopping.py``); no terminal input either; it dies with a killed runner
+        # which passes it on once (``stopping.py``); no terminal input either; it dies with a killed runner and
+        # keeps the runner's niceness (``stopping.run_setup``)
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, preexec_fn=dies_with_runner())
+                                start_new_session=True, preexec_fn=run_setup())
     return proc, root, time.time()
 
 

@@ -51,20 +51,36 @@ def kill_group(pid: int) -> None:
         pass
 
 
-def dies_with_runner() -> Optional[Callable[[], None]]:
-    """What a run calls before it starts (``preexec_fn``), on Linux: it gets SIGKILL when the runner dies. A
-    runner killed with SIGKILL (alone, or with its process group: ``kill -9 -<pgid>``) then takes its runs
-    along, as when they shared its group; elsewhere ``None``, and they go on."""
+def run_setup() -> Optional[Callable[[], None]]:
+    """What a run calls before it starts (``preexec_fn``), on Linux, in its own new session:
+
+    - it gets SIGKILL when the runner dies. A runner killed with SIGKILL (alone, or with its process group:
+      ``kill -9 -<pgid>``) then takes its runs along, as when they shared its group;
+    - it keeps the runner's niceness where the scheduler looks. With autogroups (the Linux default), CPU time
+      is shared between sessions first and niceness counts only inside a session, so a run in its own
+      session under ``nice -n 10 ... study run`` took a full share beside other work; its session's
+      autogroup gets the runner's niceness (``/proc/self/autogroup``; raising a priority is never tried).
+
+    Elsewhere ``None``, and the runs go on when the runner dies."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
 
-    prctl, runner = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()  # found before the fork
+    prctl, runner, niceness = ctypes.CDLL(None, use_errno=True).prctl, os.getpid(), os.nice(0)  # before the fork
 
     def preexec() -> None:
         prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
         if os.getppid() != runner:  # the runner died before that
             os.kill(os.getpid(), signal.SIGKILL)
+        if niceness > 0:
+            try:
+                fd = os.open("/proc/self/autogroup", os.O_WRONLY)
+                try:
+                    os.write(fd, str(min(niceness, 19)).encode())
+                finally:
+                    os.close(fd)
+            except OSError:  # a kernel without autogroups: niceness alone already applies
+                pass
 
     return preexec
 
