@@ -6,6 +6,7 @@ CRC32 in ``checksums.json`` (each rank hashes a share), synchronously and with `
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -99,7 +100,7 @@ def _ckpt_yaml(root: Path, async_save: bool) -> Path:
     path.write_text(
         "trainer:\n  callbacks:\n    - class_path: scalevec_lit.callbacks.SafeModelCheckpoint\n"
         "      init_args: {filename: 'step{step:06d}', auto_insert_metric_name: false, every_n_train_steps: 2,"
-        f" save_last: true, save_top_k: -1, async_save: {str(async_save).lower()}}}\n")
+        f" save_last: true, save_top_k: -1, async_save: {str(async_save).lower()}, verify: checksums}}\n")
     return path
 
 
@@ -128,6 +129,9 @@ def test_a_run_records_checksums_and_a_resume_refuses_a_changed_shard(prepared_d
     shutil.copytree(root / "checkpoints", copy / "checkpoints", ignore=shutil.ignore_patterns(".lock*"))
     # __0_0.distcp is rank 1's share of the check on 2 processes: rank 0 must stop with the same line
     _flip(copy / "checkpoints" / "last.ckpt" / "__0_0.distcp", 1000)
+    # last.ckpt, a copy of step000004.ckpt made by copytree, has its mtime: --ckpt_path last would pick either
+    # by set order (the same state, but this test flips last.ckpt only); make it the newest
+    os.utime(copy / "checkpoints" / "last.ckpt")
     resumed = run_cli(_fsdp(prepared_data, copy, 6, 2, async_save, "--ckpt_path=last"), cwd=tmp_path, env=env)
     assert resumed.returncode == 1, resumed.stderr[-3000:]
     lines = [line for line in resumed.stderr.splitlines() if line.startswith("error:")]
