@@ -11,8 +11,9 @@ Every user error is printed as one paragraph on stderr,
 - 75 when another rank of the run is lost (``lit/peers.py``): after the line the process ends at once
   (``leave``: ``os._exit``), since a normal interpreter exit may abort or hang then.
 
-A command whose options argparse reads uses ``CommandLineParser`` (``study``): a missing or unknown part of its
-command line is one line with its usage, not argparse's usage block.
+Every command whose options argparse reads uses ``CommandLineParser`` (all but ``fit``/``validate``/``test``, whose
+jsonargparse errors ``train_cli.py`` turns into one line): a missing or unknown part of its command line, a bad
+choice or a bad value is one line with its usage, not argparse's usage block.
 
 ``--debug`` (any position on the command line) or ``SCALEVEC_DEBUG=1`` shows the traceback instead.
 Anything else is a bug: one paragraph that says so, and how to see the traceback.
@@ -82,7 +83,9 @@ class CommandLineParser(argparse.ArgumentParser):
         elif message.startswith("unrecognized arguments: "):
             extra = message.removeprefix("unrecognized arguments: ")
             more = f"; see {self.prog} {names[0]} --help (or {', '.join(names[1:])}) for a command's" if names else ""
-            problem = f"{extra}: not {'an option' if ' ' not in extra else 'options'} it takes{more}"
+            words = extra.split()
+            kind = "option" if all(w.startswith("-") for w in words) else "argument"
+            problem = f"{extra}: not {f'an {kind}' if len(words) == 1 else f'{kind}s'} it takes{more}"
         else:
             problem = message
         raise UsageError(f"{where}: {problem}; {usage}")

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import torch
 
 from .checkpoint import model_from_state, read_contents
-from .errors import UserError
+from .errors import CommandLineParser, UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -178,7 +178,7 @@ def _cast_parameters_(model, dtype: torch.dtype) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandLineParser(
         prog="python -m scalevec_lit generate",
         description="Continue a prompt with a trained model (greedy with --temperature 0, else sampled), "
                     "printing the text as it is produced.",

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .errors import UserError
+from .errors import CommandLineParser, UserError
 
 SUFFIX = ".yaml"
 PREFIX = "recipes/"  # how a clone's documentation spells a shipped recipe
@@ -173,7 +173,7 @@ def copy_recipe(name: str, dest: str | Path, overwrite: bool = False) -> Path:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandLineParser(
         prog="scalevec-lit recipes",
         description="The shipped recipes: list them (no argument), print one (show NAME), or write an editable "
                     "copy (copy NAME DEST). Any of them runs by name: fit --config smoke.")
@@ -209,4 +209,6 @@ def main(argv: Optional[Iterable[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from .errors import run_guarded
+
+    run_guarded(main, sys.argv[1:])

@@ -156,6 +156,8 @@ def _fit_like(c: Command, sub: str, args: list[str], monkeypatch) -> None:
 
 
 def _argparse_command(c: Command, module: str, args: list[str]) -> None:
+    from scalevec_lit.errors import UserError
+
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
@@ -164,6 +166,8 @@ def _argparse_command(c: Command, module: str, args: list[str]) -> None:
             return
         except SystemExit as ex:
             pytest.fail(f"{c.where()}\n  its options do not parse (exit {ex.code}): {err.getvalue()[-1500:]}")
+        except UserError as ex:  # errors.CommandLineParser's one line
+            pytest.fail(f"{c.where()}\n  its options do not parse: {ex}")
     pytest.fail(f"{c.where()}\n  {module}.main returned without parsing its options")
 
 

@@ -21,7 +21,6 @@ Must not import Lightning.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -34,6 +33,7 @@ from typing import Iterator, Optional
 import torch
 
 from .formats import FORMATS_HELP, KIND_NAMES, RowCounts, iter_documents, plan_units, resolve_inputs
+from ..errors import CommandLineParser
 from ..outdir import OutputFolder
 from ..stopsignal import held, raise_if_swallowed, written
 from .workers import signals_stay_ours
@@ -271,7 +271,7 @@ def prepare(
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = CommandLineParser(
         prog="python -m scalevec_lit prepare",
         description="Tokenize text files, JSON Lines, parquet or a saved Hugging Face dataset into litdata chunks "
                     "(train/val split).",

@@ -16,12 +16,12 @@ from typing import Optional
 
 import torch
 
-from ..errors import UserError
+from ..errors import CommandLineParser, UserError
 from .harness import INSTALL, require_lm_eval
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandLineParser(
         prog="python -m scalevec_lit evaluate",
         description="Run lm-eval tasks on a checkpoint (any strategy, dense or MoE) or a Hugging Face folder; "
                     f"prints lm-eval's table and writes its results JSON. Needs lm-eval: {INSTALL}.",

@@ -5,13 +5,12 @@ Plain Python over the other export modules: must not import Lightning or transfo
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Optional
 
 from ..checkpoint import CheckpointError, model_from_state, read_contents
-from ..errors import UserError, debug_enabled, fail
+from ..errors import CommandLineParser, UserError, debug_enabled, fail
 from ..outdir import OutputFolder
 from .errors import ExportError
 from .hf import DTYPES
@@ -39,7 +38,7 @@ def export(ckpt: str | Path, out: str | Path, *, format: str = "hf", tokenizer: 
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = CommandLineParser(
         prog="python -m scalevec_lit export",
         description="Fold the scale vectors of a checkpoint and write a transformers model folder (or ours).",
     )

@@ -18,7 +18,6 @@ Plain torch (+ yaml): must not import Lightning or transformers.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import re
@@ -30,7 +29,7 @@ import torch
 import yaml
 
 from ..checkpoint import model_from_state, read_contents
-from ..errors import UserError
+from ..errors import CommandLineParser, UserError
 from ..export.tokenizer import find_tokenizer
 from ..export.write import write_native_files
 from ..model.block import Block
@@ -321,8 +320,8 @@ def report_lines(report: Transfer, moved: float, what: str) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m scalevec_lit convert",
-                                     description="Rewrite a checkpoint into another scale strategy (exact where possible).")
+    parser = CommandLineParser(prog="python -m scalevec_lit convert",
+                               description="Rewrite a checkpoint into another scale strategy (exact where possible).")
     parser.add_argument("--ckpt", required=True, help="native folder (import/convert/export --format native), .ckpt or DCP folder")
     parser.add_argument("--strategy", required=True, help="a strategy preset, e.g. recipes/strategy/hg.yaml")
     parser.add_argument("--out", required=True, help="output folder (native format + model.yaml)")

@@ -13,12 +13,11 @@ Plain torch (+ safetensors): must not import Lightning or transformers.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Optional
 
 from ..checkpoint.hf import load_hf
-from ..errors import UserError
+from ..errors import CommandLineParser, UserError
 from ..outdir import OutputFolder
 from ..scale.keeps import branch_normalizes
 from ._args import add_output_options
@@ -57,8 +56,8 @@ def import_hf(hf: str | Path, out: str | Path, *, strategy: Optional[str | Path]
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m scalevec_lit import",
-                                     description="Import a local transformers checkpoint as a native checkpoint.")
+    parser = CommandLineParser(prog="python -m scalevec_lit import",
+                               description="Import a local transformers checkpoint as a native checkpoint.")
     parser.add_argument("--hf", required=True, help="local folder: config.json + safetensors (+ tokenizer.json)")
     parser.add_argument("--out", required=True, help="output folder (native format + tokenizer + model.yaml)")
     parser.add_argument("--strategy", default=None, help="convert to this strategy preset (recipes/strategy/X.yaml)")

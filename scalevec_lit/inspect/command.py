@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 
+from ..errors import CommandLineParser
 from .compare import align, check_comparable, compare_tables, pair_record
 from .load import Loaded, load, summary_line
 from .stats import Row, rows_of
@@ -19,7 +20,7 @@ from .tables import role_tables, row_record, write_csv, write_json
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandLineParser(
         prog="python -m scalevec_lit inspect",
         description="Scale vectors of a checkpoint or a Hugging Face model: statistics, conserved quantity, fold.")
     p.add_argument("path", metavar="PATH", help="a .ckpt of fit, a distributed checkpoint folder, a native export "
