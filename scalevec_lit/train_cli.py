@@ -99,11 +99,16 @@ class ScaleVecCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def before_instantiate_classes(self) -> None:
-        # -- issue 24 (part G): --print_plan prints the plan (lit/plan.py) and exits 0, before any check or build
+        # -- issue 24 (part G): --print_plan prints the plan (lit/plan.py) and exits 0, before any build
         if self.subcommand is not None and self.config[self.subcommand].get("print_plan"):
+            from .callbacks._cli_trainer import refused_value
+            from .errors import UsageError
             from .lit.plan import print_plan
 
             sub = self.config[self.subcommand]
+            line = refused_value(sub.get("trainer"))  # a trainer value the fit would refuse: refused here too
+            if line is not None:
+                raise UsageError(line)
             plan = print_plan(sub, sub.get("plan_devices"), sub.get("plan_device_memory"))
             if sub.get("plan_json"):
                 from .lit.plan import write_plan_json
