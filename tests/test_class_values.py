@@ -88,23 +88,19 @@ def test_a_wrong_value_is_one_line(capfd, option, line):
     assert (code, text.strip()) == (2, f"error: {line}")
 
 
-def test_a_module_whose_own_import_fails_is_named(capfd, tmp_path, monkeypatch):
-    (tmp_path / "brokenopt.py").write_text("import no_such_dependency_zz\n\n\nclass Opt:\n    pass\n")
+@pytest.mark.parametrize("module,source,reason,fix", [
+    ("brokenopt", "import no_such_dependency_zz\n\n\nclass Opt:\n    pass\n",
+     "ModuleNotFoundError: No module named 'no_such_dependency_zz'", "install what that module imports, or fix the "
+     "module"),
+    # jsonargparse lets a module's own error (not an ImportError) through the parse: a bug report before
+    ("raisingopt", "raise RuntimeError('no GPU driver here')\n", "RuntimeError: no GPU driver here", "fix the module"),
+], ids=["its-import-fails", "it-raises"])
+def test_a_module_that_fails_to_import_is_named(capfd, tmp_path, monkeypatch, module, source, reason, fix):
+    (tmp_path / f"{module}.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))
-    code, text = main_in_process(capfd, ["fit", "--config", SMOKE, "--model.optimizer=brokenopt.Opt", "--print_plan"])
-    assert (code, text.strip()) == (2, "error: model.optimizer: brokenopt.Opt: importing its module brokenopt failed "
-                                       "(ModuleNotFoundError: No module named 'no_such_dependency_zz'); install what "
-                                       "that module imports, or fix the module; e.g. --model.optimizer=torch.optim.AdamW")
-
-
-def test_a_module_that_raises_while_imported_is_named(capfd, tmp_path, monkeypatch):
-    """jsonargparse lets a module's own error (not an ImportError) through the parse: a bug report before."""
-    (tmp_path / "raisingopt.py").write_text("raise RuntimeError('no GPU driver here')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    code, text = main_in_process(capfd, ["fit", "--config", SMOKE, "--model.optimizer=raisingopt.Opt", "--print_plan"])
-    assert (code, text.strip()) == (2, "error: model.optimizer: raisingopt.Opt: importing its module raisingopt failed "
-                                       "(RuntimeError: no GPU driver here); fix the module; e.g. "
-                                       "--model.optimizer=torch.optim.AdamW")
+    code, text = main_in_process(capfd, ["fit", "--config", SMOKE, f"--model.optimizer={module}.Opt", "--print_plan"])
+    assert (code, text.strip()) == (2, f"error: model.optimizer: {module}.Opt: importing its module {module} failed "
+                                       f"({reason}); {fix}; e.g. --model.optimizer=torch.optim.AdamW")
 
 
 RECIPES = [
