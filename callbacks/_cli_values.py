@@ -26,6 +26,7 @@ import dataclasses
 import difflib
 import importlib
 import re
+import sys
 import typing
 from typing import Any, Optional
 
@@ -116,6 +117,14 @@ def _path(cls: type) -> str:
         return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def _importable(path: str) -> bool:
+    """Whether ``path`` names an attribute of its loaded module: not a class made at run time (Lightning's
+    ``LightningOptimizer`` makes ``LightningAdamW`` and the like once a fit has run in the process), which
+    no name or path resolves to, and which would make the list depend on what the process ran before."""
+    module, _, name = path.rpartition(".")
+    return getattr(sys.modules.get(module), name, None) is not None
+
+
 def _known(bases: tuple[type, ...]) -> tuple[list[str], list[str]]:
     """``(the library's names for the key, other packages' names)``: what the parser resolves by class name, the
     library's base class included (a ``Block`` is a block); the library's callbacks, loaded lazily, by their
@@ -124,7 +133,7 @@ def _known(bases: tuple[type, ...]) -> tuple[list[str], list[str]]:
 
     paths: list[str] = []
     for base in bases:
-        paths += [p for p in get_all_subclass_paths(base) if p not in paths]
+        paths += [p for p in get_all_subclass_paths(base) if p not in paths and _importable(p)]
     bare = {_path(b) for b in bases if not _path(b).startswith("scalevec_lit.")}  # torch's Optimizer, Logger ...
     ours = [p.rpartition(".")[2] for p in paths if p.startswith("scalevec_lit.")]
     if any(b.__name__ == "Callback" for b in bases):

@@ -136,3 +136,13 @@ def test_a_recipe_given_to_a_group_says_to_use_config(capfd):
                                       "model.strategy's own keys (read as model.strategy.model.strategy.vector."
                                       "class_path); give it with --config FILE (after the base recipe), or give "
                                       "--model.strategy a file of model.strategy's keys only")
+
+
+def test_classes_made_at_run_time_are_not_listed(capfd):
+    """After a fit in the same process, Lightning's ``LightningOptimizer`` has made ``LightningAdamW``, a subclass
+    of AdamW with no import path: the list of optimizers stays what a fresh process prints (the suite met it)."""
+    import torch
+
+    made = type("LightningAdamW", (torch.optim.AdamW,), {"__module__": "lightning.pytorch.core.optimizer"})
+    code, text = main_in_process(capfd, ["fit", "--config", SMOKE, "--model.optimizer=foo", "--print_plan"])
+    assert (code, text.strip()) == (2, f"error: {CASES[0][1]}") and made.__subclasses__() == []

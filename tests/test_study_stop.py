@@ -143,6 +143,16 @@ def stand(tmp_path, monkeypatch):
         s.close()
 
 
+@pytest.fixture
+def hangup_stops():
+    """SIGHUP at its default action for the test: a suite started under ``nohup`` inherits it ignored, and the
+    runner keeps an ignored SIGHUP ignored (``test_under_nohup_a_hangup_is_not_a_stop``), so the test waited
+    forever for its runs to be signalled."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGHUP, previous)
+
+
 def _group_wide(signum: int, stand: Stand) -> None:
     """``kill -<signum> -<runner's group>`` (a terminal's Ctrl-C) without reaching pytest's other processes: the
     runner and whatever of the runs is in its group."""
@@ -158,7 +168,7 @@ SIGNALS = [(signal.SIGINT, True, "SIGINT"), (signal.SIGTERM, True, "SIGTERM"), (
 
 @pytest.mark.parametrize("signum, group, passed_on", SIGNALS, ids=[f"{s.name}-{'group' if g else 'runner'}"
                                                                    for s, g, _ in SIGNALS])
-def test_one_signal_reaches_each_run_once(stand, capsys, signum, group, passed_on):
+def test_one_signal_reaches_each_run_once(stand, capsys, hangup_stops, signum, group, passed_on):
     s = stand(save=0.3)
     own = []  # each run leads its own session: a terminal's signals reach the runner only
     s.at_poll = [lambda: (s.ready(), own.extend(os.getsid(p.pid) == p.pid for p in s.procs),
