@@ -149,21 +149,27 @@ def one_paragraph(message: str) -> str:
     return text[len("error: "):] if text.startswith("error: ") else text
 
 
+def say(line: str) -> None:
+    """``line`` on stderr in one write: ``print`` writes the text and its newline apart, which an unbuffered
+    stderr (``python -u``, ``PYTHONUNBUFFERED``) passes on as two writes, so the ranks of a run, writing to the
+    same pipe, could glue their lines together."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def report(err: BaseException) -> int:
     """Print ``err`` as one paragraph and return its exit code (1 for an unexpected error)."""
     code = exit_code_for(err)
     if "OutOfMemoryError" in {cls.__name__ for cls in type(err).__mro__}:
-        print(f"error: device memory: {one_paragraph(str(err))[:300]}: out of memory; lower data.batch_size (a recipe "
-              "with global_batch_tokens keeps its global batch by accumulating more; otherwise raise "
-              "trainer.accumulate_grad_batches), or turn on "
-              "model.parallel.activation_checkpointing", file=sys.stderr, flush=True)
+        say(f"error: device memory: {one_paragraph(str(err))[:300]}: out of memory; lower data.batch_size (a recipe "
+            "with global_batch_tokens keeps its global batch by accumulating more; otherwise raise "
+            "trainer.accumulate_grad_batches), or turn on model.parallel.activation_checkpointing")
         return 1
     if code is None:
-        print(f"error: internal: {type(err).__name__}: {one_paragraph(str(err))}; this looks like a bug in "
-              f"scalevec_lit: run again with --debug (or {DEBUG_ENV}=1) for the traceback and report it",
-              file=sys.stderr, flush=True)
+        say(f"error: internal: {type(err).__name__}: {one_paragraph(str(err))}; this looks like a bug in "
+            f"scalevec_lit: run again with --debug (or {DEBUG_ENV}=1) for the traceback and report it")
         return 1
-    print(f"error: {one_paragraph(str(err))}", file=sys.stderr, flush=True)
+    say(f"error: {one_paragraph(str(err))}")
     return code
 
 
@@ -191,7 +197,7 @@ def _stopped(stop: Any, debug: bool) -> SystemExit:
         import traceback
 
         traceback.print_exc()
-    print(f"error: {stop}", file=sys.stderr, flush=True)
+    say(f"error: {stop}")
     return SystemExit(stop.exit_code)
 
 
@@ -217,7 +223,7 @@ def run_guarded(fn: Callable[[list[str]], Any], argv: list[str]) -> Any:
             raise stopsignal.swallowed(returned=True) from None  # e.g. fit --print_plan
         pending = 0 if nested else stopsignal.pending_exit_code()
         if pending:
-            print(f"error: {stopsignal.describe_pending()}", file=sys.stderr, flush=True)
+            say(f"error: {stopsignal.describe_pending()}")
             raise SystemExit(pending)
         lost = None if nested else stopsignal.swallowed(returned=True)
         if lost is not None:
