@@ -54,9 +54,10 @@ def _needs_gpu_line(strategy: str, accelerator: str) -> str:
 
 
 def _devices_line(devices: Any, accelerator: Any) -> str:
-    return (f"trainer.devices: {devices}: not a device count the {accelerator or 'chosen'} accelerator takes; give a "
-            "number of devices ≥ 1, auto, or -1 for all (on GPUs also a list of indices, e.g. [0, 1]), e.g. "
-            "--trainer.devices=1")
+    accepted = ("a number of processes ≥ 1 or auto (the cpu accelerator takes neither -1 nor a list)"
+                if accelerator == "cpu" else "a number of devices ≥ 1, auto, -1 for all, or a list of indices (e.g. [0, 1])")
+    return (f"trainer.devices: {devices}: not a device count the {accelerator or 'chosen'} accelerator takes; give "
+            f"{accepted}, e.g. --trainer.devices=1")
 
 
 def _nodes_line(value: Any) -> str:

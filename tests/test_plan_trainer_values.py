@@ -54,6 +54,13 @@ def test_refused_values(trainer, start):
     assert (_line(**trainer) or "").startswith(start)
 
 
+@pytest.mark.parametrize("accelerator, offered, not_offered", [
+    ("cpu", "neither -1 nor a list", "-1 for all"), ("gpu", "-1 for all, or a list of indices", "neither")])
+def test_the_devices_line_offers_only_what_the_accelerator_takes(accelerator, offered, not_offered):
+    line = _line(accelerator=accelerator, devices="two")
+    assert offered in line and not_offered not in line, line
+
+
 @pytest.mark.parametrize("trainer", [
     {"accelerator": "gpu", "devices": "0,1"}, {"accelerator": "cuda", "devices": [2, 3]}, {"devices": -1},
     {"accelerator": "cpu", "devices": "4"}, {"accelerator": "cpu", "devices": "auto"}, {"devices": None},

@@ -17,8 +17,7 @@ CASES = [
     ("--trainer.accelerator=cpus", "error: trainer.accelerator: cpus: not one of auto, cpu, cuda, gpu, mps, tpu; did "
      "you mean 'cpu'? e.g. --trainer.accelerator=cpu"),
     ("--trainer.devices=two", "error: trainer.devices: two: not a device count the cpu accelerator takes; give a "
-     "number of devices ≥ 1, auto, or -1 for all (on GPUs also a list of indices, e.g. [0, 1]), e.g. "
-     "--trainer.devices=1"),
+     "number of processes ≥ 1 or auto (the cpu accelerator takes neither -1 nor a list), e.g. --trainer.devices=1"),
     ("--trainer.num_nodes=0", "error: trainer.num_nodes: 0: must be at least 1; e.g. --trainer.num_nodes=1"),
     ("--trainer.strategy=fsdp", "error: trainer.strategy: fsdp: needs a GPU accelerator, and trainer.accelerator is "
      "cpu; run it on GPUs with --trainer.accelerator=gpu, or on this machine use --trainer.strategy=auto (or ddp)"),
