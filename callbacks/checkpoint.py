@@ -127,13 +127,15 @@ def install_checkpoint_io(trainer) -> None:
         strategy.checkpoint_io = SafeCheckpointIO()
 
 
-def lock_checkpoint_folders(trainer) -> None:
+def lock_checkpoint_folders(trainer, ckpt_path: Any = None) -> None:
     """Take each ``SafeModelCheckpoint`` folder's lock before Lightning writes anything (the run's config.yaml
     in a new version folder, at setup), so that a refused second run leaves no trace; ``setup`` takes it
-    again."""
+    again. ``ckpt_path``: the fit's, so that a resume in a callback's own folder is not warned about."""
     for cb in trainer.checkpoint_callbacks:
-        if isinstance(cb, SafeModelCheckpoint) and trainer.is_global_zero:
-            cb.lock_early(trainer)
+        if isinstance(cb, SafeModelCheckpoint):
+            cb.resume_from = None if ckpt_path is None else str(ckpt_path)
+            if trainer.is_global_zero:
+                cb.lock_early(trainer)
 
 
 def stopped_by_signal(trainer) -> int:
@@ -175,6 +177,7 @@ class SafeModelCheckpoint(AsyncSaves, StopSignals, FinalSave, reshard.WorldRecor
         self._previous_handlers: dict[int, Any] = {}
         self._locked: Optional[str] = None
         self._dirpath_given = self.dirpath is not None
+        self.resume_from: Optional[str] = None  # the fit's ckpt_path (``lock_checkpoint_folders``)
 
     def _folder_key(self) -> str:
         """Where this callback's folder comes from, for an error about it."""
@@ -220,10 +223,18 @@ class SafeModelCheckpoint(AsyncSaves, StopSignals, FinalSave, reshard.WorldRecor
         callback's own lock file, which ``lock_early`` put there first: a brand-new run's folder is empty."""
         from lightning.pytorch.utilities import rank_zero_warn
 
-        if self.save_top_k == 0 or not self._fs.isdir(dirpath):
+        if self.save_top_k == 0 or not self._fs.isdir(dirpath) or self._resumes_in(dirpath):
             return
         if any(os.path.basename(str(p).rstrip("/")) != LOCK for p in self._fs.ls(dirpath, detail=False)):
             rank_zero_warn(f"Checkpoint directory {dirpath} exists and is not empty.")
+
+    def _resumes_in(self, dirpath) -> bool:
+        """Whether the fit resumes from a checkpoint in ``dirpath`` (``last``, or a path in it): not worth a warning."""
+        given = self.resume_from
+        if given == "last":
+            return True
+        return bool(given) and "://" not in given and os.path.realpath(given).startswith(
+            os.path.join(os.path.realpath(str(dirpath)), ""))
 
     def lock_early(self, trainer) -> None:
         """Take the lock before ``trainer.fit`` (rank 0; the CLI calls it); ``setup`` finds it held."""

@@ -128,7 +128,7 @@ class ScaleVecCLI(LightningCLI):
     def before_fit(self) -> None:
         from scalevec_lit.callbacks.checkpoint import lock_checkpoint_folders
 
-        lock_checkpoint_folders(self.trainer)
+        lock_checkpoint_folders(self.trainer, self.config[self.subcommand].get("ckpt_path"))
 
     def instantiate_trainer(self, **kwargs):
         from scalevec_lit.callbacks.checkpoint import install_checkpoint_io

@@ -99,6 +99,27 @@ def test_the_checkpoint_folder_warning_ignores_only_the_run_lock(tmp_path):
     assert [str(w.message) for w in seen] == [f"Checkpoint directory {tmp_path} exists and is not empty."]
 
 
+@pytest.mark.parametrize("resume_from, warned", [
+    (None, True), ("last", False), ("{folder}/last.ckpt", False), ("{folder}/../other/step000010.ckpt", True),
+    ("{folder}/step000010.ckpt/", False), ("s3://bucket/last.ckpt", True)])
+def test_a_resume_in_its_own_folder_is_not_warned_about(tmp_path, resume_from, warned):
+    from lightning.fabric.utilities.cloud_io import get_filesystem
+
+    from scalevec_lit.callbacks import SafeModelCheckpoint
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    (folder / "last.ckpt").write_bytes(b"")
+    cb = SafeModelCheckpoint(dirpath=folder)
+    cb._fs = get_filesystem(str(folder))
+    cb.resume_from = resume_from and resume_from.format(folder=folder)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cb._ModelCheckpoint__warn_if_dir_not_empty(str(folder))
+    assert [str(w.message) for w in seen] == ([f"Checkpoint directory {folder} exists and is not empty."] if warned
+                                              else [])
+
+
 def test_each_filter_matches_lightnings_message_from_lightnings_module_only():
     def shown(message: str, category, module: str) -> list[str]:
         with warnings.catch_warnings(record=True) as seen:
