@@ -35,7 +35,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from scalevec_lit.lit import reshard
 from scalevec_lit.runlock import LOCK, acquire_folder, check_lineage, moved_folder_state, release_folder
-from scalevec_lit.checkpoint.folder import check_verify
+from scalevec_lit.checkpoint.folder import check_verify, newest_checkpoint
 from scalevec_lit.checkpoint.verify import MismatchedCheckpointError, unreadable, verify_checkpoint, write_failure
 
 from ._async_write import (AsyncSaves, BackgroundWriter, DistributedAsync, raise_write_failure, record_checksums,
@@ -284,16 +284,17 @@ class SafeModelCheckpoint(AsyncSaves, StopSignals, FinalSave, reshard.WorldRecor
         super().load_state_dict(moved_folder_state(state_dict, self.dirpath))  # the run's folder moved: its files
 
     def _find_last_checkpoints(self, trainer) -> set[str]:
-        """Every complete checkpoint in the folder (Lightning resumes from the newest): a run killed between
-        writing ``step*.ckpt`` and ``last.ckpt`` still resumes from its newest file."""
-        self._stable_dirpath(trainer)  # --ckpt_path last is resolved before setup
+        """The newest complete checkpoint in the folder, of all of them (``newest_checkpoint``: ties broken the
+        same way on every rank): a run killed between writing ``step*.ckpt`` and ``last.ckpt`` still resumes
+        from its newest file."""
+        if trainer is not None:
+            self._stable_dirpath(trainer)  # --ckpt_path last is resolved before setup
         folder = Path(self.dirpath)
         if not folder.is_dir():
             return set()
-        return {
-            os.path.normpath(p) for p in folder.iterdir()
-            if p.suffix == self.FILE_EXTENSION and p.name != "nonfinite.ckpt"
-        }
+        newest = newest_checkpoint(os.path.normpath(p) for p in folder.iterdir()
+                                   if p.suffix == self.FILE_EXTENSION and p.name != "nonfinite.ckpt")
+        return set() if newest is None else {newest}
 
     def _save_checkpoint(self, trainer, filepath: str) -> None:
         if self.async_save and self._same_step_again(trainer, filepath) and self._writer(trainer) is not None:

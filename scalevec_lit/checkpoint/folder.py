@@ -173,3 +173,23 @@ def step_on_disk(path: str | Path) -> Optional[int]:
         return int(meta["global_step"])
     except Exception:  # noqa: BLE001 - any unreadable checkpoint is not a complete one
         return None
+
+
+def newest_checkpoint(paths) -> Optional[str]:
+    """The checkpoint ``--ckpt_path last`` resumes among ``paths``: the newest by modification time, as Lightning
+    takes it; among files of the same time (an ``async_save`` ``last.ckpt``, a link to or a copy of its step's
+    file; two saves within a second on a file system that keeps whole seconds), the highest step on disk, then
+    a ``last*`` name, then the name: one choice, the same on every rank (Lightning's own tie-break is a set's
+    order, which differs from process to process)."""
+    times = {str(p): Path(p).stat().st_mtime_ns for p in paths}
+    if not times:
+        return None
+    tied = [p for p, t in times.items() if t == max(times.values())]
+    if len(tied) == 1:
+        return tied[0]
+
+    def rank(p: str) -> tuple:
+        step = step_on_disk(p)
+        return (-1 if step is None else step, Path(p).name.startswith("last"), Path(p).name)
+
+    return max(tied, key=rank)
