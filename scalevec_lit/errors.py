@@ -51,6 +51,11 @@ class RunError(UserError):
     exit_code = 1
 
 
+def _one_of(names: list[str], word: str = "or") -> str:
+    """``a``, ``a or b``, ``a, b or c`` (``word``: or, and)."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {word} {names[-1]}"
+
+
 class CommandLineParser(argparse.ArgumentParser):
     """argparse's parser whose errors are one line (a ``UserError``, exit 2) instead of its usage block and line:
     ``<command>: <what is wrong or missing>; usage: <the command's usage in one line>``. ``--help`` is argparse's.
@@ -65,16 +70,16 @@ class CommandLineParser(argparse.ArgumentParser):
         choice = re.fullmatch(r"argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)", message)
         other = re.fullmatch(r"argument (\S+): (.*)", message)
         if missing and commands is not None and missing.group(1).split(", ")[0] == commands.dest:
-            problem = f"no command given; choose {', '.join(names[:-1])} or {names[-1]}"
+            problem = f"no command given; choose {_one_of(names)}"
         elif missing:
             args = missing.group(1).split(", ")
-            problem = f"{'the argument' if len(args) == 1 else 'the arguments'} {' and '.join(args)} " \
+            problem = f"{'the argument' if len(args) == 1 else 'the arguments'} {_one_of(args, 'and')} " \
                       f"{'is' if len(args) == 1 else 'are'} missing"
         elif choice and commands is not None and choice.group(1) == commands.dest:
             import difflib
 
             close = difflib.get_close_matches(choice.group(2), names, n=1)
-            problem = (f"{choice.group(2)}: not a command of {where}; choose {', '.join(names[:-1])} or {names[-1]}"
+            problem = (f"{choice.group(2)}: not a command of {where}; choose {_one_of(names)}"
                        + (f" (did you mean {close[0]!r}?)" if close else ""))
         elif choice:
             problem = f"{choice.group(1)}: {choice.group(2)}: not one of {choice.group(3)}"

@@ -14,7 +14,6 @@ Plain Python (stdlib); ``--count-tokens`` uses the tokenizer class of this packa
 """
 from __future__ import annotations
 
-import argparse
 import gzip
 import hashlib
 import json
@@ -26,6 +25,8 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Iterator, Optional
+
+from ..errors import CommandLineParser, run_guarded
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,7 @@ def count_tokens(out: Path, tokenizer: str) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m scalevec_lit.data.build_corpus", description=__doc__.split("\n")[0])
+    p = CommandLineParser(prog="python -m scalevec_lit.data.build_corpus", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="data/corpus/docs")
     p.add_argument("--debs", default=None, help="a folder holding the .deb files already (default: download)")
     p.add_argument("--count-tokens", default=None, metavar="TOKENIZER_JSON",
@@ -201,4 +202,4 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_guarded(main, sys.argv[1:])

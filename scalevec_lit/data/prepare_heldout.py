@@ -12,7 +12,6 @@ verifies it like any prepared data.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -20,8 +19,10 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from ..errors import CommandLineParser, run_guarded
 from .integrity import record_chunks
 from .prepare import META, prepare
+
 
 #: the share of each side that prepare's own split sets aside (it needs both splits non-empty); discarded
 SET_ASIDE = 0.002
@@ -58,7 +59,7 @@ def prepare_heldout(train: list[str], val: list[str], tokenizer: str, output: st
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m scalevec_lit.data.prepare_heldout", description=__doc__.split("\n")[0])
+    p = CommandLineParser(prog="python -m scalevec_lit.data.prepare_heldout", description=__doc__.split("\n")[0])
     p.add_argument("--train", nargs="+", required=True, help="inputs of the train split (as prepare's --input)")
     p.add_argument("--val", nargs="+", required=True, help="inputs of the val split: other sources")
     p.add_argument("--tokenizer", required=True)
@@ -75,6 +76,4 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    from ..errors import run_guarded
-
     run_guarded(main, sys.argv[1:])

@@ -6,10 +6,13 @@ Must not import Lightning.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
+import sys
 from pathlib import Path
 from typing import Iterable, Optional
+
+from ..errors import CommandLineParser, run_guarded
+
 
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 TEXT_SUFFIXES = (".txt", ".md", ".text")
@@ -161,7 +164,7 @@ def train_bpe(folder: str | Path, out: str | Path, vocab_size: int = 4096, eos: 
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m scalevec_lit.data.tokenizer")
+    parser = CommandLineParser(prog="python -m scalevec_lit.data.tokenizer")
     sub = parser.add_subparsers(dest="cmd", required=True)
     tr = sub.add_parser("train", help="train a byte-level BPE tokenizer.json on a folder of text")
     tr.add_argument("input")
@@ -173,4 +176,4 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_guarded(main, sys.argv[1:])
