@@ -120,6 +120,18 @@ def mirror(remote: Remote, cache_dir: Optional[str] = None) -> tuple[Path, dict,
     return root, meta, listing
 
 
+def cached_tokenizer(remote: Remote, cache_dir: Optional[str] = None) -> Optional[Path]:
+    """The ``tokenizer.json`` that prepare uploaded beside the remote folder's ``meta.json``, copied into its
+    cache folder where ``mirror`` puts it; ``None`` when the folder holds no copy (prepared before copies)."""
+    data = remote.read(TOKENIZER, missing_ok=True)
+    if data is None:
+        return None
+    root = cache_root(remote.url, cache_dir)
+    with _locked(root.with_name(f".{root.name}.lock")):
+        _write(root / TOKENIZER, data)
+    return root / TOKENIZER
+
+
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """An exclusive lock on ``path`` (POSIX ``flock``; released when the file closes, also by a killed process)."""

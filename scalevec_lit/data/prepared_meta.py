@@ -60,3 +60,15 @@ def read_meta(data_dir: Any, storage_options: Optional[dict] = None, key: str = 
         raise RunError(key, where, f"unreadable ({err})", f"prepare that folder again with --output {data_dir} "
                        "--overwrite") from None
     return meta
+
+
+def tokenizer_copy(data_dir: Any, storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
+                   key: str = "data.data_dir") -> Optional[Path]:
+    """The copy of the tokenizer that ``prepare`` uploaded beside a remote ``data_dir``'s ``meta.json``, in the
+    data cache (``cache.cached_tokenizer``, where a fit finds it too); ``None`` when there is none. A remote
+    folder that cannot be read: a ``RunError`` naming ``key``, as ``read_meta``'s."""
+    from .cache import cached_tokenizer
+
+    remote = Remote(str(data_dir), check_options(storage_options), key=key)
+    remote.resume_hint = ""  # not a fit: nothing to resume
+    return cached_tokenizer(remote, cache_dir)

@@ -15,8 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from ..data.prepared_meta import meta_location, read_meta
-from ..data.remote import is_remote
+from ..data.prepared_meta import meta_location, read_meta, tokenizer_copy
+from ..data.remote import is_remote, join
 from ..data.tokenizer import DEFAULT_TOKENIZER, Tokenizer, data_tokenizer, describe_tokenizer, same_tokenizer
 from ..errors import UserError
 from .errors import ExportError
@@ -57,7 +57,12 @@ def _tokenizer_of_config(cfg: Path) -> tuple[Optional[Path], str]:
     where = meta_location(first) if first else None
     if meta is None:
         return None, f"data.data_dir of {cfg} ({data_dir!r}) has no meta.json seen from here"
-    path = meta.get("tokenizer")
+    path, named, source = meta.get("tokenizer"), None, f"data.data_dir of {cfg}"
+    if (not path or not Path(path).is_file()) and is_remote(first):  # prepared elsewhere: the copy it uploaded
+        copy = tokenizer_copy(first, data.get("storage_options"), data.get("cache_dir"), key=key)
+        if copy is not None:
+            path, named = str(copy), f"its copy {join(first, 'tokenizer.json')}"
+            source = f"from the copy prepare uploaded ({join(first, 'tokenizer.json')}; {source})"
     if not path or not Path(path).is_file():
         gone = ("a path on the machine that prepared it, which is not on this one" if is_remote(first)
                 else "which is not there any more")
@@ -66,11 +71,12 @@ def _tokenizer_of_config(cfg: Path) -> tuple[Optional[Path], str]:
     recorded = data_tokenizer(meta, where)
     if recorded and same_tokenizer(recorded, Tokenizer(path).identity()) is False:
         raise ExportError(
-            f"the run's data ({where}) was prepared with the tokenizer {describe_tokenizer(recorded)}, but {path!r} "
-            f"here is another one ({describe_tokenizer(Tokenizer(path).identity())}); pass --tokenizer <a copy "
-            "of the tokenizer.json the data was prepared with>"
+            f"the run's data ({where}) was prepared with the tokenizer {describe_tokenizer(recorded)}, but "
+            f"{named or repr(path) + ' here'} is another one ({describe_tokenizer(Tokenizer(path).identity())}); "
+            "pass --tokenizer <a copy of the tokenizer.json the data was prepared with>"
         )
-    return Path(path), f"the tokenizer {where} was prepared with (data.data_dir of {cfg})"
+    return Path(path), (f"the tokenizer {where} was prepared with, {source}" if named
+                        else f"the tokenizer {where} was prepared with ({source})")
 
 
 def find_tokenizer(ckpt: Optional[str | Path], explicit: Optional[str | Path] = None,
