@@ -203,7 +203,8 @@ class ScaleVecCLI(LightningCLI):
             rank_zero_info(batch.describe(TOKENS_KEY if config.get(TOKENS_KEY) is not None else SEQUENCES_KEY))
 
     def add_arguments_to_parser(self, parser) -> None:
-        from . import callbacks
+        import scalevec_lit.callbacks as callbacks
+
         from .lit.batch import SEQUENCES_KEY, TOKENS_KEY
 
         dir(callbacks)  # imports every callback module: jsonargparse resolves a short name among imported classes
