@@ -287,8 +287,7 @@ class SafeModelCheckpoint(AsyncSaves, StopSignals, FinalSave, reshard.WorldRecor
         """The newest complete checkpoint in the folder, of all of them (``newest_checkpoint``: ties broken the
         same way on every rank): a run killed between writing ``step*.ckpt`` and ``last.ckpt`` still resumes
         from its newest file."""
-        if trainer is not None:
-            self._stable_dirpath(trainer)  # --ckpt_path last is resolved before setup
+        self._stable_dirpath(trainer)  # --ckpt_path last is resolved before setup
         folder = Path(self.dirpath)
         if not folder.is_dir():
             return set()

@@ -184,7 +184,8 @@ def newest_checkpoint(paths) -> Optional[str]:
     times = {str(p): Path(p).stat().st_mtime_ns for p in paths}
     if not times:
         return None
-    tied = [p for p, t in times.items() if t == max(times.values())]
+    newest = max(times.values())
+    tied = [p for p, t in times.items() if t == newest]
     if len(tied) == 1:
         return tied[0]
 

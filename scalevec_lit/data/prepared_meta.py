@@ -25,6 +25,12 @@ def meta_location(data_dir: Any) -> str:
     return join(str(data_dir), META) if is_remote(data_dir) else str(Path(str(data_dir)) / META)
 
 
+def _remote(data_dir: Any, options: dict, key: str) -> Remote:
+    remote = Remote(str(data_dir), options, key=key)
+    remote.resume_hint = ""  # not a fit: nothing to resume
+    return remote
+
+
 def read_meta(data_dir: Any, storage_options: Optional[dict] = None, key: str = "data.data_dir",
               tries: Optional[int] = None, timeout: Optional[float] = None) -> Optional[dict]:
     """``data_dir``'s ``meta.json``, or ``None`` when it has none (a local folder that is not there or not
@@ -39,8 +45,7 @@ def read_meta(data_dir: Any, storage_options: Optional[dict] = None, key: str = 
             options["retries"] = max(1, min(int(options.get("retries", tries)), tries))
         if timeout is not None:
             options["timeout"] = min(float(options.get("timeout", timeout)), timeout)
-        remote = Remote(str(data_dir), options, key=key)
-        remote.resume_hint = ""  # not a fit: nothing to resume
+        remote = _remote(data_dir, options, key)
         try:
             raw = remote.read(META, missing_ok=True)
         except RunError as err:
@@ -69,6 +74,4 @@ def tokenizer_copy(data_dir: Any, storage_options: Optional[dict] = None, cache_
     folder that cannot be read: a ``RunError`` naming ``key``, as ``read_meta``'s."""
     from .cache import cached_tokenizer
 
-    remote = Remote(str(data_dir), check_options(storage_options), key=key)
-    remote.resume_hint = ""  # not a fit: nothing to resume
-    return cached_tokenizer(remote, cache_dir)
+    return cached_tokenizer(_remote(data_dir, check_options(storage_options), key), cache_dir)

@@ -57,12 +57,11 @@ def _tokenizer_of_config(cfg: Path) -> tuple[Optional[Path], str]:
     where = meta_location(first) if first else None
     if meta is None:
         return None, f"data.data_dir of {cfg} ({data_dir!r}) has no meta.json seen from here"
-    path, named, source = meta.get("tokenizer"), None, f"data.data_dir of {cfg}"
+    path, copy_url = meta.get("tokenizer"), None
     if (not path or not Path(path).is_file()) and is_remote(first):  # prepared elsewhere: the copy it uploaded
         copy = tokenizer_copy(first, data.get("storage_options"), data.get("cache_dir"), key=key)
         if copy is not None:
-            path, named = str(copy), f"its copy {join(first, 'tokenizer.json')}"
-            source = f"from the copy prepare uploaded ({join(first, 'tokenizer.json')}; {source})"
+            path, copy_url = str(copy), join(first, "tokenizer.json")
     if not path or not Path(path).is_file():
         gone = ("a path on the machine that prepared it, which is not on this one" if is_remote(first)
                 else "which is not there any more")
@@ -72,11 +71,13 @@ def _tokenizer_of_config(cfg: Path) -> tuple[Optional[Path], str]:
     if recorded and same_tokenizer(recorded, Tokenizer(path).identity()) is False:
         raise ExportError(
             f"the run's data ({where}) was prepared with the tokenizer {describe_tokenizer(recorded)}, but "
-            f"{named or repr(path) + ' here'} is another one ({describe_tokenizer(Tokenizer(path).identity())}); "
+            f"{f'its copy {copy_url}' if copy_url else repr(path) + ' here'} is another one ({describe_tokenizer(Tokenizer(path).identity())}); "
             "pass --tokenizer <a copy of the tokenizer.json the data was prepared with>"
         )
-    return Path(path), (f"the tokenizer {where} was prepared with, {source}" if named
-                        else f"the tokenizer {where} was prepared with ({source})")
+    if copy_url:
+        return Path(path), (f"the tokenizer {where} was prepared with, from the copy prepare uploaded ({copy_url}; "
+                            f"data.data_dir of {cfg})")
+    return Path(path), f"the tokenizer {where} was prepared with (data.data_dir of {cfg})"
 
 
 def find_tokenizer(ckpt: Optional[str | Path], explicit: Optional[str | Path] = None,
