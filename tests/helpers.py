@@ -4,6 +4,7 @@ Test files import them as ``from helpers import ...`` (pytest puts ``tests/`` on
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -65,12 +66,60 @@ def strategy_preset(name: str):
 
 
 def run_cli(args: list[str], cwd: Path, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m scalevec_lit <args>`` in a subprocess from ``cwd`` (the repository on PYTHONPATH)."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "scalevec_lit", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-        env=full_env,
-    )
+    """Run ``python -m scalevec_lit <args>`` in a subprocess from ``cwd`` (the repository on PYTHONPATH).
+
+    It leads a session of its own (its ranks and loader workers are in it). One that has not ended after
+    ``timeout`` seconds (every process holding its output counts: a rank or a worker left behind keeps the
+    pipes open) fails the test with the Python stacks of every process still there (``hung_stacks``)."""
+    env = {"PYTHONPATH": str(ROOT), **(env or {})}
+    return run_session([sys.executable, "-m", "scalevec_lit", *args], cwd, timeout, env)
+
+
+def run_session(command: list[str], cwd: Path, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``command`` (Python, unbuffered) as the leader of a new session, its output captured; ``run_cli``."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
+    with subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=full_env, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(hung_stacks(proc, timeout), pytrace=False)
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def session_processes(sid: int) -> list[tuple[int, str]]:
+    """``(pid, command line on one line)`` of every process in the session ``sid``, the leader first."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.getsid(int(entry.name)) == sid:
+                cmd = " ".join((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().split())
+                found.append((int(entry.name), cmd[:200] or "(exited, not yet reaped)"))
+        except (OSError, ProcessLookupError):
+            continue
+    return sorted(found, key=lambda p: (p[0] != sid, p[0]))
+
+
+def hung_stacks(proc: subprocess.Popen, timeout: float) -> str:
+    """Why a run did not end: the processes of its session, then SIGABRT to each (``PYTHONFAULTHANDLER`` prints
+    every thread's Python stack on stderr), then SIGKILL to what is left; the text for the failure."""
+    import signal
+    import time
+
+    alive = session_processes(proc.pid)
+    for pid, _ in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGABRT)
+    try:
+        out, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        out, err = "", "(no output after SIGABRT)"
+    time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    listing = "\n".join(f"  {pid}: {cmd}" for pid, cmd in alive)
+    return (f"did not end within {timeout} s (leader exit status: {proc.poll()}); processes still in its session:\n"
+            f"{listing}\nstdout (end):\n{(out or '')[-2000:]}\nstderr with their stacks (end):\n{err[-16000:]}")
 
 
 def smoke_args(data_dir: Path, root: Path, steps: int = 20, *extra: str) -> list[str]:
