@@ -164,3 +164,13 @@ def test_two_processes_fit_from_the_bucket(s3, aws_env, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert sorted(_losses(root, "version_0")) == [0, 1, 2, 3]
     assert len(list((tmp_path / "cache").glob("shakespeare-*/train/*.bin"))) <= 8  # two ranks, 40 KB each
+
+
+def test_a_loader_worker_reads_the_bucket_through_the_library(runs, s3, aws_env, tmp_path):
+    """``--data.num_workers=1`` from the bucket: the worker starts from the fork server (``loader_workers.py``),
+    not as a fork of the rank, so it registers the library's ``s3://`` downloader itself (the checked, retried
+    one of ``remote.py``); the losses are the local fit's, bitwise."""
+    root = tmp_path / "run"
+    res = run_cli(_args(s3.url, root, tmp_path / "cache", 2 * N, "--data.num_workers=1"), cwd=tmp_path, env=aws_env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _losses(root, "version_0") == runs["local"]

@@ -33,6 +33,7 @@ from .loaders import release, relocating_loader, same_batch_count_on_every_rank,
 from .cache import TOKENIZER, cache_bytes, mirror, register
 from .prepare import DEFAULT_OUTPUT, META
 from .remote import Remote, check_options, is_remote, join
+from .loader_workers import worker_context, worker_init
 from .tokenizer import Tokenizer, data_tokenizer, same_tokenizer
 
 
@@ -306,14 +307,17 @@ class TokenDataModule(L.LightningDataModule):
 
     def train_dataloader(self):
         self.check_data()
-        loader = relocating_loader()(
-            self._dataset("train", self.shuffle),
-            batch_size=self.batch_size,
-            num_workers=self.num_workers,
-            drop_last=True,
-        )
+        loader = relocating_loader()(self._dataset("train", self.shuffle), batch_size=self.batch_size,
+                                     drop_last=True, **self._workers())
         loader.relocate = self._relocate
         return loader
+
+    def _workers(self) -> dict[str, Any]:
+        """A loader's worker arguments: workers start from a fork server, never forked from the rank
+        (``loader_workers.py``)."""
+        remote = any(is_remote(d) for d in self.data_dirs)
+        return dict(num_workers=self.num_workers, multiprocessing_context=worker_context(self.num_workers),
+                    worker_init_fn=worker_init(remote and self.num_workers > 0))
 
     def val_dataloader(self):
         """One loader; with several folders, one per folder, in the order of ``source_names`` (the module logs
@@ -324,8 +328,7 @@ class TokenDataModule(L.LightningDataModule):
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
         def loader(dataset):
-            return relocating_loader()(dataset, batch_size=self.batch_size, num_workers=self.num_workers,
-                                       drop_last=distributed)
+            return relocating_loader()(dataset, batch_size=self.batch_size, drop_last=distributed, **self._workers())
 
         loaders = [loader(self._source(d, "val", False)) for d in self.data_dirs]
         if distributed:

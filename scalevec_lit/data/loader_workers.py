@@ -1,0 +1,51 @@
+"""How the data module's loader workers (``data.num_workers``) start: from a fork server, never forked from
+the rank itself.
+
+A rank has threads when its loader starts workers: the peer watchdog (``lit/peers.py``), gloo's, TensorBoard's
+writer, litdata's chunk thread of a remote folder. ``fork`` copies a process with its locks in whatever state
+its other threads hold them, and the child has only the thread that forked. CPython 3.11's child first clears
+the other threads' states, under the interpreter's thread-list lock, and only then makes that lock new: a
+worker forked while another thread held it (a thread starting or ending, or reading the list) waits for ever
+in ``PyOS_AfterFork_Child``. Its rank then waits for the worker's first batch with no timeout, the other ranks
+wait in the step's first collective, and the fit never ends (seen once in about 60 six-step fits of 2 ranks
+with one worker each; litdata gives the same advice for its Parquet loader's threads). Python 3.14 made the
+fork server its default start method on Linux for this reason.
+
+The fork server is a process of its own, started once per rank by ``fork`` + ``exec`` (nothing of the rank's
+threads or locks), which imports torch, litdata and the data modules once and forks each worker from itself,
+single-threaded. A worker gets what it needs pickled: the dataset (the library's dataset and item-loader
+classes are importable by name, ``loaders.Stream``, ``loaders.LockedTokensLoader``), and ``start_worker``,
+which registers the library's ``s3://`` downloader again in a worker that reads a remote folder (a
+registration the rank made, which a worker no longer inherits). Platforms without a fork server (Windows)
+keep their default, ``spawn``, which is as safe.
+"""
+from __future__ import annotations
+
+import functools
+import multiprocessing
+from typing import Any, Callable, Optional
+
+PRELOAD = ["torch", "litdata", "scalevec_lit.data.loaders", "scalevec_lit.data.cache"]
+
+
+def worker_context(num_workers: int) -> Optional[Any]:
+    """The ``multiprocessing_context`` of a loader with ``num_workers`` workers: the fork server where the
+    platform has one (``None``, the default, without workers or without a fork server)."""
+    if num_workers <= 0 or "forkserver" not in multiprocessing.get_all_start_methods():
+        return None
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)  # read when the server starts (the first loader with workers)
+    return context
+
+
+def worker_init(remote: bool) -> Optional[Callable[[int], None]]:
+    """The loader's ``worker_init_fn``: ``start_worker`` for a remote folder, nothing for a local one."""
+    return functools.partial(start_worker, remote=True) if remote else None
+
+
+def start_worker(worker_id: int, remote: bool = False) -> None:
+    """In each loader worker before its first item: the ``s3://`` downloader of a remote folder."""
+    if remote:
+        from .cache import register
+
+        register()
