@@ -12,6 +12,8 @@ import pytest
 
 from helpers import run_session
 
+pytestmark = pytest.mark.slow  # starts processes
+
 LEADER = textwrap.dedent("""
     import subprocess, sys
     child = "import time\\ndef wait_for_ever():\\n    time.sleep(600)\\nwait_for_ever()\\n"
