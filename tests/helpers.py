@@ -104,7 +104,6 @@ def hung_stacks(proc: subprocess.Popen, timeout: float) -> str:
     """Why a run did not end: the processes of its session, then SIGABRT to each (``PYTHONFAULTHANDLER`` prints
     every thread's Python stack on stderr), then SIGKILL to what is left; the text for the failure."""
     import signal
-    import time
 
     alive = session_processes(proc.pid)
     for pid, _ in alive:
@@ -114,7 +113,6 @@ def hung_stacks(proc: subprocess.Popen, timeout: float) -> str:
         out, err = proc.communicate(timeout=20)
     except subprocess.TimeoutExpired:
         out, err = "", "(no output after SIGABRT)"
-    time.sleep(0.5)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     listing = "\n".join(f"  {pid}: {cmd}" for pid, cmd in alive)

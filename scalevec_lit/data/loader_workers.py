@@ -21,7 +21,6 @@ keep their default, ``spawn``, which is as safe.
 """
 from __future__ import annotations
 
-import functools
 import multiprocessing
 from typing import Any, Callable, Optional
 
@@ -40,12 +39,11 @@ def worker_context(num_workers: int) -> Optional[Any]:
 
 def worker_init(remote: bool) -> Optional[Callable[[int], None]]:
     """The loader's ``worker_init_fn``: ``start_worker`` for a remote folder, nothing for a local one."""
-    return functools.partial(start_worker, remote=True) if remote else None
+    return start_worker if remote else None
 
 
-def start_worker(worker_id: int, remote: bool = False) -> None:
-    """In each loader worker before its first item: the ``s3://`` downloader of a remote folder."""
-    if remote:
-        from .cache import register
+def start_worker(worker_id: int) -> None:
+    """In each loader worker of a remote folder, before its first item: the library's ``s3://`` downloader."""
+    from .cache import register
 
-        register()
+    register()
