@@ -3,6 +3,7 @@ skips completed runs, continues after being killed, and its report holds the tab
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import signal
 import subprocess
@@ -264,6 +265,35 @@ def test_lr_from_takes_the_best_lr_of_another_study(tmp_path):
                        lr_from={"study": "nope"})
     with pytest.raises(UserError, match="no complete runs"):
         st.resolve_lr_from(missing, results / "c" / "runs")
+
+
+def test_lr_from_reads_the_committed_endpoints_when_the_source_runs_are_gone(tmp_path):
+    """A study's runs folder stays on the machine (or scratch disk) that ran it; its report writes
+    ``endpoints.json`` beside ``report.md``, and ``lr_from`` resolves from that once the runs are gone."""
+    results = tmp_path / "results"
+    table = {("baseline", 0.001, 1): 3.0, ("baseline", 0.003, 1): 2.8, ("baseline", 0.003, 2): 2.9,
+             ("baseline", 0.001, 2): 2.95, ("baseline", 0.01, 1): float("nan"), ("other", 0.01, 1): 1.0}
+    _fake_runs(results / "a" / "runs", table)
+    st_report.write_report(results / "a")
+    new_study = lambda: st.Study(name="b", base=[], args=[], seeds=[1], variants=[st.Variant("baseline")],
+                                 lr_from={"study": "a", "variant": "baseline"})
+    from_runs = new_study()
+    st.resolve_lr_from(from_runs, results / "b" / "runs")
+    shutil.rmtree(results / "a" / "runs")  # only report.md, its figures and endpoints.json remain
+    record = json.loads((results / "a" / "endpoints.json").read_text(),
+                        parse_constant=lambda c: pytest.fail(f"endpoints.json is not plain JSON: {c}"))
+    assert {(r["variant"], r["lr"], r["seed"]): r["endpoint"] for r in record["runs"]} == {
+        k: (None if v != v else v) for k, v in table.items()}
+    from_record = new_study()
+    st.resolve_lr_from(from_record, results / "b" / "runs")
+    assert from_record.lrs == from_runs.lrs == [0.003]
+    assert from_record.lr_from["source"].endswith("a/endpoints.json")
+    assert from_runs.lr_from["source"].endswith("a/runs")
+    nan_free = lambda e: {k: [x for x in v if x == x] for k, v in e.items()}
+    assert nan_free(from_record.lr_from["endpoints"]) == nan_free(from_runs.lr_from["endpoints"])
+    (results / "a" / "endpoints.json").unlink()
+    with pytest.raises(UserError, match=r"looked in .*a/runs and in .*a/endpoints.json, which `study report` writes"):
+        st.resolve_lr_from(new_study(), results / "b" / "runs")
 
 
 def test_resume_refuses_another_commit(tmp_path):

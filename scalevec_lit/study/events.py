@@ -108,6 +108,21 @@ def collect_done(runs_dir: Path) -> dict:
     return found
 
 
+def recorded_endpoints(path: Path, variant: str) -> dict[float, list[float]]:
+    """``{lr: [endpoint per seed]}`` of ``variant`` in a study's ``endpoints.json`` (written by ``study report``
+    beside its report); a diverged run counts as non-finite. Empty when the file is absent."""
+    import json
+
+    if not Path(path).is_file():
+        return {}
+    per_lr: dict[float, list[float]] = {}
+    for row in json.loads(Path(path).read_text())["runs"]:
+        if row["variant"] == variant and row["lr"] is not None:
+            value = row["endpoint"]
+            per_lr.setdefault(float(row["lr"]), []).append(float("nan") if value is None else float(value))
+    return per_lr
+
+
 def run_endpoint(done: dict) -> float:
     """A complete run's endpoint (older runs without one: their final validation loss)."""
     return float(done["endpoint"] if "endpoint" in done else done["final_val_loss"])

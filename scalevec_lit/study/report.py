@@ -26,12 +26,12 @@ from typing import Optional
 from ..errors import UserError
 from .claims import _ci_name, claims_section
 from .downstream import report_section as downstream_section
-from .events import endpoint, read_scalars, scheduled, validation_schedule
+from .events import endpoint, read_scalars, run_endpoint, scheduled, validation_schedule
 from .figures import plot_dynamics, plot_lr_sweep, plot_paired, plot_sharpness, plot_val
 from .grid import Grid, _lr, endpoints_section
 from .provenance import provenance_section
 from .secondary import report_section as secondary_section
-from .spec import DONE, VAL_TAG, Run, Study, load_study
+from .spec import DONE, ENDPOINTS, VAL_TAG, Run, Study, load_study
 
 
 def load_runs(runs_dir: Path, endpoint_evals: Optional[int] = None) -> dict[Run, dict]:
@@ -114,5 +114,24 @@ def write_report(out: Path, study: Optional[Study] = None, command: Optional[str
         L += ["## Discussion", "", notes.read_text().strip(), ""]
     path = out / "report.md"
     path.write_text("\n".join(L) + "\n")
-    print(f"[study] wrote {path}")
+    write_endpoints(out, study, runs, meta)
+    print(f"[study] wrote {path} and {ENDPOINTS}")
+    return path
+
+
+def write_endpoints(out: Path, study: Study, runs: dict[Run, dict], meta: dict) -> Path:
+    """``<out>/endpoints.json``: every complete run's endpoint, small enough to commit beside the report, so
+    that the record (and ``lr_from``, which reads it when the study's runs folder is gone) outlives the runs."""
+    def finite(x):
+        return None if x is None or x != x or x in (float("inf"), float("-inf")) else float(x)
+
+    rows = [{"variant": r.variant, "lr": r.lr, "seed": r.seed,
+             "endpoint": None if d.get("diverged") else finite(run_endpoint(d)),
+             "endpoint_steps": d.get("endpoint_steps"), "final_val_loss": finite(d.get("final_val_loss")),
+             "diverged": d.get("diverged"), "commit": (d.get("code") or {}).get("commit")}
+            for r, d in sorted(runs.items(), key=lambda kv: (kv[0].variant, kv[0].lr or 0.0, kv[0].seed))]
+    record = {"study": study.name, "endpoint_evals": study.endpoint_evals,
+              "commit": (meta.get("code") or {}).get("commit"), "runs": rows}
+    path = out / ENDPOINTS
+    path.write_text(json.dumps(record, indent=1) + "\n")
     return path

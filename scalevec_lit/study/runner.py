@@ -31,8 +31,9 @@ import yaml
 
 from ..errors import UserError
 from ..stopsignal import StopSignal
-from .events import collect_done, endpoint, read_scalars, run_endpoint, scheduled, validation_schedule
-from .spec import CKPT_DIR, DONE, VAL_TAG, Run, Study, fit_command, fmt_lr, run_callbacks, run_dir
+from .events import (collect_done, endpoint, read_scalars, recorded_endpoints, run_endpoint, scheduled,
+                     validation_schedule)
+from .spec import CKPT_DIR, DONE, ENDPOINTS, VAL_TAG, Run, Study, fit_command, fmt_lr, run_callbacks, run_dir
 from .regime import params_from_log, trained_tokens
 from .secondary import endpoints_of, power_line
 from .stats import best_lr
@@ -65,23 +66,28 @@ def code_provenance() -> dict:
 
 def resolve_lr_from(study: Study, out: Path) -> None:
     """``lr_from: {study: A, variant: v}``: set ``study.lrs`` to ``[best LR of v in study A]``, read from
-    ``<out>/../../A/runs`` (the sibling results folder)."""
+    ``<out>/../../A/runs`` (the sibling results folder), or, where that holds no complete run of ``v`` (the
+    runs stayed on another machine or a wiped scratch disk), from ``A/endpoints.json``, which A's report wrote."""
     if not study.lr_from:
         return
     src = out.parent.parent / study.lr_from["study"] / "runs"
     variant = study.lr_from.get("variant", study.baseline)
-    done = collect_done(src)
     per_lr: dict[float, list[float]] = {}
-    for run, d in done.items():
+    for run, d in collect_done(src).items():
         if run.variant == variant and run.lr is not None:
             per_lr.setdefault(run.lr, []).append(run_endpoint(d))
+    source = src
+    if not per_lr:
+        source = src.parent / ENDPOINTS
+        per_lr = recorded_endpoints(source, variant)
     lr = best_lr(per_lr)
     if lr is None:
         raise UserError(f"{study.path or study.name}: lr_from", study.lr_from["study"],
-                        f"no complete runs of {variant!r} with an LR in that study (looked in {src})",
-                        "run that study first, or give this study its own lrs")
+                        f"no complete runs of {variant!r} with an LR in that study (looked in {src} and in "
+                        f"{src.parent / ENDPOINTS}, which `study report` writes)",
+                        "run that study and its report first, or give this study its own lrs")
     study.lrs = [lr]
-    study.lr_from = {**study.lr_from, "resolved_lr": lr,
+    study.lr_from = {**study.lr_from, "resolved_lr": lr, "source": str(source),
                      "endpoints": {fmt_lr(k): v for k, v in sorted(per_lr.items())}}
 
 

@@ -41,6 +41,7 @@ import yaml
 from .checks import LR_ARG, bad, validate
 
 DONE = "done.json"
+ENDPOINTS = "endpoints.json"  # beside report.md: every complete run's endpoint, kept where the runs folder is not
 RWD = "scalevec_lit.callbacks.RoleWeightDecay"
 CKPT_DIR = "checkpoints"
 VAL_TAG = "val/loss"
