@@ -37,7 +37,8 @@ from scalevec_lit.data.datamodule import TokenDataModule
 import scalevec_lit.data.datamodule as dm
 method, data, workers, epochs, batches = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 if method == "fork":  # the loaders as they were: workers forked from this process
-    dm.worker_context = lambda n: None
+    forkserver_args = dm.worker_args
+    dm.worker_args = lambda n, remote: {**forkserver_args(n, remote), "multiprocessing_context": None}
 module = TokenDataModule(data, seq_len=64, batch_size=4, num_workers=workers)
 loader = module.train_dataloader()
 firsts = []

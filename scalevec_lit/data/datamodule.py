@@ -33,7 +33,7 @@ from .loaders import release, relocating_loader, same_batch_count_on_every_rank,
 from .cache import TOKENIZER, cache_bytes, mirror, register
 from .prepare import DEFAULT_OUTPUT, META
 from .remote import Remote, check_options, is_remote, join
-from .loader_workers import worker_context, worker_init
+from .loader_workers import worker_args
 from .tokenizer import Tokenizer, data_tokenizer, same_tokenizer
 
 
@@ -315,9 +315,7 @@ class TokenDataModule(L.LightningDataModule):
     def _workers(self) -> dict[str, Any]:
         """A loader's worker arguments: workers start from a fork server, never forked from the rank
         (``loader_workers.py``)."""
-        remote = any(is_remote(d) for d in self.data_dirs)
-        return dict(num_workers=self.num_workers, multiprocessing_context=worker_context(self.num_workers),
-                    worker_init_fn=worker_init(remote and self.num_workers > 0))
+        return worker_args(self.num_workers, remote=any(is_remote(d) for d in self.data_dirs))
 
     def val_dataloader(self):
         """One loader; with several folders, one per folder, in the order of ``source_names`` (the module logs

@@ -22,24 +22,21 @@ keep their default, ``spawn``, which is as safe.
 from __future__ import annotations
 
 import multiprocessing
-from typing import Any, Callable, Optional
+from typing import Any
 
 PRELOAD = ["torch", "litdata", "scalevec_lit.data.loaders", "scalevec_lit.data.cache"]
 
 
-def worker_context(num_workers: int) -> Optional[Any]:
-    """The ``multiprocessing_context`` of a loader with ``num_workers`` workers: the fork server where the
-    platform has one (``None``, the default, without workers or without a fork server)."""
-    if num_workers <= 0 or "forkserver" not in multiprocessing.get_all_start_methods():
-        return None
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)  # read when the server starts (the first loader with workers)
-    return context
-
-
-def worker_init(remote: bool) -> Optional[Callable[[int], None]]:
-    """The loader's ``worker_init_fn``: ``start_worker`` for a remote folder, nothing for a local one."""
-    return start_worker if remote else None
+def worker_args(num_workers: int, remote: bool) -> dict[str, Any]:
+    """A ``DataLoader``'s worker arguments: ``num_workers``; its ``multiprocessing_context``, the fork server
+    where the platform has one (``None``, the default, without workers or without a fork server); and, for a
+    remote folder, ``worker_init_fn=start_worker``."""
+    context = None
+    if num_workers > 0 and "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(PRELOAD)  # read when the server starts (the first loader with workers)
+    return dict(num_workers=num_workers, multiprocessing_context=context,
+                worker_init_fn=start_worker if remote and num_workers > 0 else None)
 
 
 def start_worker(worker_id: int) -> None:
