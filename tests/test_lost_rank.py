@@ -112,6 +112,7 @@ class _Watch:
 
     def __init__(self, lost, how):
         self.answer, self.step, self.interval, self.finished = (lost, how), 117, 0.2, False
+        self._trainer = None  # not Lightning's launcher: no child ranks
 
     def name_lost(self):
         return self.answer
@@ -174,6 +175,49 @@ def test_translate_names_the_lost_rank_and_leaves_other_errors_alone(active):
     assert _translated(mistake) is mistake  # not a collective failure
 
 
+def _launched(*procs) -> SimpleNamespace:
+    """A trainer under Lightning's own launcher, whose other local ranks are ``procs`` (children of rank 0)."""
+    return SimpleNamespace(strategy=SimpleNamespace(launcher=SimpleNamespace(procs=list(procs))))
+
+
+def test_rank_0_kills_the_ranks_it_launched_before_it_leaves(active, monkeypatch):
+    """Under Lightning's own launcher the other local ranks are rank 0's children, which Lightning kills on Ctrl-C
+    only. A rank 0 that leaves after a lost peer, from its main thread (``translate``) or its watchdog, kills those
+    still running first: a stopped one (SIGSTOP, a hung driver) would otherwise outlive the run."""
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) for _ in range(2)]
+    try:
+        for child in children:
+            os.kill(child.pid, signal.SIGSTOP)
+        watch = active([1], "its connection closed (killed, or its node is down)")
+        watch._trainer = _launched(children[0])
+        assert isinstance(_translated(RuntimeError("[gloo] Connection reset by peer")), peers.PeerLostError)
+        assert children[0].wait(10) == -signal.SIGKILL and children[1].poll() is None
+        exits = []
+        monkeypatch.setattr(peers.os, "_exit", exits.append)
+        monkeypatch.setattr(peers, "_reported", False)
+        dog = peers.PeerWatch(4.0)
+        dog._trainer = _launched(children[0], children[1])  # one ended already, one stopped
+        dog._lost_now([1], "no heartbeat for 4 s (killed, stopped, or its node is down)")
+        assert exits == [75] and children[1].wait(10) == -signal.SIGKILL
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+
+
+def _left_running(pid: int, wait: float = 10.0) -> str:
+    """The state of ``pid`` if it is still a live process after ``wait`` seconds (``T``: stopped), else ``""``."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return ""
+        if state in ("Z", "X") or time.monotonic() > deadline:
+            return "" if state in ("Z", "X") else state
+        time.sleep(0.1)
+
+
 def test_a_stop_signal_while_the_lost_rank_is_named_does_not_cut_the_line(active):
     """torchrun stops the survivors of a dead worker with SIGTERM, often while they name it: that signal is
     held for that second (the rank is stopping anyway, with the line saying why), and counts again after."""
@@ -231,6 +275,7 @@ def test_a_lost_rank_stops_the_other_with_one_line(prepared_data, tmp_path, how)
         proc.wait(timeout=300)
         took = time.time() - marker.stat().st_mtime  # from the loss to this process's end
         lost_pid = int(marker.read_text())
+        left = _left_running(lost_pid)  # rank 1 is rank 0's child: rank 0 ends it before it leaves
     finally:
         for pid in filter(None, (proc.pid if proc.poll() is None else None, lost_pid)):
             try:
@@ -241,6 +286,7 @@ def test_a_lost_rank_stops_the_other_with_one_line(prepared_data, tmp_path, how)
     out = log.read_text()
     errors = [line for line in out.splitlines() if line.startswith("error: ")]
     assert proc.returncode == 75, out[-3000:]
+    assert not left, f"rank 1 (pid {lost_pid}) outlived the run, in state {left}"
     assert len(errors) == 1 and "Traceback" not in out, out[-3000:]
     # a killed child is seen ended by its parent, or (when the socket closes before the process is reaped) as
     # silent in the store

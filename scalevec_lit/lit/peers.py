@@ -48,7 +48,7 @@ from typing import Iterator, Optional
 from lightning.pytorch.callbacks import Callback
 
 from ..runlock import checkpoints_in
-from ._observer import children_ended, replace_kill
+from ._observer import children_ended, kill_children, replace_kill
 from .peer_errors import (  # noqa: F401 - the line of a lost rank (peer_errors.py); importable from here too
     DEFAULT_PEER_TIMEOUT, PEER_LOST_EXIT, TIMEOUT_KEY, PeerLostError, is_c10d_error, is_collective_failure, lost_error,
     peer_timeout_argument, unnamed_error)
@@ -121,8 +121,7 @@ class PeerWatch(Callback):
         ended = None if self._stop.is_set() else children_ended(self._trainer)
         if _reported or ended is None:
             return None if _reported else kill()  # the main thread leaves with 75; or this rank ended on its own
-        for proc in self._trainer.strategy.launcher.procs:
-            proc.poll() is None and proc.kill()
+        kill_children(self._trainer)
         self._lost_now(*ended)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -181,6 +180,7 @@ class PeerWatch(Callback):
         if say(lost_error(lost, self.step, how, newest) if lost else
                unnamed_error(self.step, how, f"its host {host}, torchrun's agent on the first node, is down or stopped",
                              newest)):
+            kill_children(self._trainer)  # Lightning's launcher: no child rank outlives this one (``_observer.py``)
             os._exit(PEER_LOST_EXIT)
 
     def _finish_writes(self) -> None:
@@ -307,6 +307,7 @@ def translate() -> Iterator[None]:
             how += ", and the launcher stopped this rank"
         newest = watch._newest_checkpoint()
         failure = (str(err).splitlines() or [type(err).__name__])[0][:200]
+        kill_children(watch._trainer)  # Lightning kills them on Ctrl-C only; this rank leaves by ``os._exit``
         raise (lost_error(lost, watch.step, how, newest) if lost else
                unnamed_error(watch.step, failure, how, newest)) from err
 
