@@ -192,6 +192,7 @@ def prepare(
                             num_workers=workers,
                             mode="overwrite",
                             start_method="fork" if os.name == "posix" else None,
+                            keep_data_ordered=True,  # each worker a contiguous slice, in order: the same chunks each time
                             verbose=True,
                         )
                     index = json.loads((dest / split / "index.json").read_text())
