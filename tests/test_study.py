@@ -250,6 +250,29 @@ def test_report_from_synthetic_grid(tmp_path):
         assert (out / png).read_bytes()[:8] == PNG_MAGIC
 
 
+def test_the_report_names_the_data_by_its_fingerprint(tmp_path):
+    """Which preparation the runs read: the report's Data line gives the fingerprint of each split (the same
+    after a preparation from the same inputs, ``test_prepare_order.py``)."""
+    from scalevec_lit.data.integrity import fingerprint
+    from scalevec_lit.data.prepare import prepare
+    from scalevec_lit.data.tokenizer import DEFAULT_TOKENIZER
+
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("\n\n".join(f"Paragraph {i} of the text." for i in range(200)))
+    meta = prepare(texts, DEFAULT_TOKENIZER, tmp_path / "data", num_workers=1, val_fraction=0.3, segment_chars=200,
+                   chunk_tokens=256)
+    out = tmp_path / "s"
+    (out / "runs").mkdir(parents=True)
+    spec = {"name": "s", "base": [], "seeds": [1], "args": [f"--data.data_dir={tmp_path / 'data'}"],
+            "variants": [{"name": "baseline"}]}
+    (out / "runs" / "study.yaml").write_text(yaml.safe_dump(spec))
+    _fake_runs(out / "runs", {("baseline", None, 1): 3.0})
+    line = next(x for x in st_report.write_report(out).read_text().splitlines() if x.startswith("- Data: "))
+    train, val = (fingerprint(str(tmp_path / "data"), meta, split)[:16] for split in ("train", "val"))
+    assert f"tokenizer sha256 {meta['tokenizer_sha256']}, data fingerprint train {train}, val {val} (" in line, line
+
+
 def test_lr_from_takes_the_best_lr_of_another_study(tmp_path):
     results = tmp_path / "results"
     _fake_runs(results / "a" / "runs", {("baseline", 0.001, 1): 3.0, ("baseline", 0.003, 1): 2.8,

@@ -38,10 +38,15 @@ def _data_line(study: Study, meta: dict) -> str:
         return "Data: n/a."
     meta_path = Path(data_dir) / "meta.json"
     if meta_path.exists():
+        from ..data.integrity import fingerprint
+
         meta = json.loads(meta_path.read_text())
         tok = meta.get("tokens", {})
+        prints = [fingerprint(str(data_dir), meta, split) for split in ("train", "val")]
+        content = (f", data fingerprint train {prints[0][:16]}, val {prints[1][:16]} (`integrity.fingerprint`, as "
+                   f"where the report was written)" if all(prints) else "")
         return (f"Data: `{data_dir}` ({tok.get('train', 0):,} training / {tok.get('val', 0):,} validation tokens, "
-                f"vocabulary {meta.get('vocab_size')}, tokenizer sha256 {meta.get('tokenizer_sha256')}).")
+                f"vocabulary {meta.get('vocab_size')}, tokenizer sha256 {meta.get('tokenizer_sha256')}{content}).")
     return f"Data: `{data_dir}` (its meta.json was not found where the report was written)."
 
 
