@@ -80,11 +80,18 @@ def run_session(command: list[str], cwd: Path, timeout: float, env: dict | None 
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
     with subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env=full_env, start_new_session=True) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(hung_stacks(proc, timeout), pytrace=False)
+        out, err = finish(proc, timeout)
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def finish(proc: subprocess.Popen, timeout: float, log: Path | None = None) -> tuple:
+    """``proc.communicate()`` for a process started with ``start_new_session=True`` (and ``PYTHONFAULTHANDLER=1``
+    in its environment, for stacks): one not ended after ``timeout`` s fails the test with ``hung_stacks``; ``log``
+    is the file its output goes to, when not a pipe."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(hung_stacks(proc, timeout, log), pytrace=False)
 
 
 def session_processes(sid: int) -> list[tuple[int, str]]:
@@ -100,9 +107,9 @@ def session_processes(sid: int) -> list[tuple[int, str]]:
     return sorted(found, key=lambda p: (p[0] != sid, p[0]))
 
 
-def hung_stacks(proc: subprocess.Popen, timeout: float) -> str:
+def hung_stacks(proc: subprocess.Popen, timeout: float, log: Path | None = None) -> str:
     """Why a run did not end: the processes of its session, then SIGABRT to each (``PYTHONFAULTHANDLER`` prints
-    every thread's Python stack on stderr), then SIGKILL to what is left; the text for the failure."""
+    every thread's Python stack on stderr, or in ``log``), then SIGKILL to what is left; the text for the failure."""
     import signal
 
     alive = session_processes(proc.pid)
@@ -115,9 +122,11 @@ def hung_stacks(proc: subprocess.Popen, timeout: float) -> str:
         out, err = "", "(no output after SIGABRT)"
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+    if log is not None:
+        err = Path(log).read_text(errors="replace") if Path(log).exists() else f"({log} missing)"
     listing = "\n".join(f"  {pid}: {cmd}" for pid, cmd in alive)
     return (f"did not end within {timeout} s (leader exit status: {proc.poll()}); processes still in its session:\n"
-            f"{listing}\nstdout (end):\n{(out or '')[-2000:]}\nstderr with their stacks (end):\n{err[-16000:]}")
+            f"{listing}\nstdout (end):\n{(out or '')[-2000:]}\nstderr with their stacks (end):\n{(err or '')[-16000:]}")
 
 
 def smoke_args(data_dir: Path, root: Path, steps: int = 20, *extra: str) -> list[str]:

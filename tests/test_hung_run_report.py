@@ -4,13 +4,15 @@ a loader worker could be) fails the test with every process still in its session
 stack, and none of them is left running."""
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from helpers import run_session
+from helpers import finish, run_session
 
 pytestmark = pytest.mark.slow  # starts processes
 
@@ -47,3 +49,19 @@ def test_a_run_that_ends_returns_its_output(tmp_path):
     res = run_session([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
                       tmp_path, timeout=60)
     assert (res.returncode, res.stdout, res.stderr) == (3, "out\n", "err\n")
+
+
+def test_a_run_writing_to_a_file_that_hangs_fails_with_its_stack_from_the_file(tmp_path):
+    """``finish(proc, timeout, log)``: for a process started by a test itself, its output in a file (a pipe is
+    held open by a stopped rank): the report reads the stacks from that file."""
+    log = tmp_path / "out.txt"
+    code = "import time\ndef stuck_here():\n    print('started', flush=True)\n    time.sleep(600)\nstuck_here()\n"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=sink, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONFAULTHANDLER": "1"}, start_new_session=True)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        finish(proc, 3, log)
+    text = str(failed.value)
+    assert text.startswith("did not end within 3 s (leader exit status: -6)"), text
+    assert "started" in text and "in stuck_here" in text, text
+    assert proc.wait(10) == -6  # aborted, its stack printed

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed as dist
 
-from helpers import ROOT, free_port, smoke_args
+from helpers import ROOT, finish, free_port, smoke_args
 from scalevec_lit.errors import UserError, report
 from scalevec_lit.lit import peers
 
@@ -264,15 +264,17 @@ def _fit_args(data: Path, root: Path, how: str) -> list[str]:
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
 def test_a_lost_rank_stops_the_other_with_one_line(prepared_data, tmp_path, how):
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "PYTHONUNBUFFERED": "1",
-           "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+           "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "PYTHONFAULTHANDLER": "1"}
     log = tmp_path / "out.txt"
     marker = tmp_path / "lost.marker"
     lost_pid = None
     with open(log, "w") as sink:  # a file, not a pipe: the stopped rank keeps a pipe open
         proc = subprocess.Popen([sys.executable, "-m", "scalevec_lit", *_fit_args(prepared_data, tmp_path, how)],
-                                cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT)
+                                cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
-        proc.wait(timeout=300)
+        finish(proc, 300, log)
         took = time.time() - marker.stat().st_mtime  # from the loss to this process's end
         lost_pid = int(marker.read_text())
         left = _left_running(lost_pid)  # rank 1 is rank 0's child: rank 0 ends it before it leaves

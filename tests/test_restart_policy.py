@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, free_port
+from helpers import ROOT, finish, free_port
 from s3_server import session_server
 
 pytestmark = pytest.mark.slow  # torchrun processes, several fits
@@ -70,15 +70,16 @@ def _launch(s3, root: Path, nodes: int, per_node: int, restarts: int, kill: bool
     env = {**os.environ, **s3.env, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "PYTHONUNBUFFERED": "1",
            "OMP_NUM_THREADS": "1", "NNODES": str(nodes), "GPUS_PER_NODE": str(per_node), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "MAX_RESTARTS": str(restarts), "PEER_TIMEOUT": "10",
-           "RUN_ID": root.name, "TORCHRUN": str(Path(sys.executable).with_name("torchrun"))}
+           "RUN_ID": root.name, "TORCHRUN": str(Path(sys.executable).with_name("torchrun")), "PYTHONFAULTHANDLER": "1"}
     command = ["bash", str(ROOT / "launch" / "torchrun_fit.sh"), str(ROOT / "recipes" / "smoke.yaml"), "",
                *_fit_options(data, root, kill)]
     procs = [subprocess.Popen(command, cwd=ROOT, env={**env, "SCALEVEC_CACHE_DIR": str(root / f"cache-node{node}")},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in range(nodes)]
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+             for node in range(nodes)]
     results = []
     try:
         for proc in procs:
-            out, _ = proc.communicate(timeout=420)
+            out, _ = finish(proc, 420)
             results.append((proc.returncode, out))
     finally:
         for proc in procs:

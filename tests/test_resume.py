@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, recipe, run_cli, smoke_args
+from helpers import ROOT, finish, recipe, run_cli, smoke_args
 from helpers import scalars
 
 N = 10  # checkpoint interval; runs go to 2N
@@ -48,11 +48,12 @@ def reference_losses(prepared_data, tmp_path_factory) -> dict[int, float]:
     return reference
 
 
-def _start_and_signal(prepared_data, root: Path, signum: int, delay: float = 0.0) -> subprocess.Popen:
-    """Start a run, wait for its step-N checkpoint (+ ``delay`` s), send ``signum``, wait for the end."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _start_and_signal(prepared_data, root: Path, signum: int, delay: float = 0.0) -> tuple[subprocess.Popen, str]:
+    """Start a run, wait for its step-N checkpoint (+ ``delay`` s), send ``signum``, wait for the end; its stderr."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "scalevec_lit", *_args(prepared_data, root)], cwd=root,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     target = root / "checkpoints" / f"step{N:06d}.ckpt"
     deadline = time.time() + 600
     while not target.exists() and proc.poll() is None and time.time() < deadline:
@@ -60,9 +61,9 @@ def _start_and_signal(prepared_data, root: Path, signum: int, delay: float = 0.0
     time.sleep(delay)
     assert proc.poll() is None, "the run ended before the signal"
     proc.send_signal(signum)
-    proc.wait(timeout=600)
+    _, err = finish(proc, 600)
     assert target.exists()
-    return proc
+    return proc, err
 
 
 def _check_resume(prepared_data, root: Path, reference: dict[int, float]) -> int:
@@ -82,7 +83,7 @@ def _check_resume(prepared_data, root: Path, reference: dict[int, float]) -> int
 def test_resume_after_sigkill_is_bitwise_exact(prepared_data, tmp_path, reference_losses):
     b_root = tmp_path / "b"
     b_root.mkdir()
-    proc = _start_and_signal(prepared_data, b_root, signal.SIGKILL)
+    proc, _ = _start_and_signal(prepared_data, b_root, signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     _check_resume(prepared_data, b_root, reference_losses)
     ckpt = torch.load(b_root / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
@@ -95,8 +96,7 @@ def test_stop_signal_saves_the_current_step_and_resume_is_bitwise_exact(signum, 
                                                                          reference_losses):
     root = tmp_path / "run"
     root.mkdir()
-    proc = _start_and_signal(prepared_data, root, signum, delay=1.0)
-    err = proc.stderr.read()
+    proc, err = _start_and_signal(prepared_data, root, signum, delay=1.0)
     assert proc.returncode == 128 + signum, err[-3000:]
     assert "Traceback" not in err
     stopped = [line for line in err.splitlines() if f"stopped by {signum.name} at step" in line]
