@@ -332,6 +332,43 @@ def test_resume_refuses_another_commit(tmp_path):
     assert meta["code"]["commit"] == "a" * 40 and len(meta["sessions"]) == 3
 
 
+def test_a_study_refuses_to_continue_on_data_prepared_again_with_other_content(tmp_path):
+    """The runner records the data's fingerprints at its first start; a later start on a folder prepared again
+    with other content (a new machine whose preparation differs) is refused with one line, the same content
+    prepared again is not, and ``--allow-data-change`` goes on."""
+    from scalevec_lit.data.prepare import prepare
+    from scalevec_lit.data.tokenizer import DEFAULT_TOKENIZER
+    from scalevec_lit.study import runner
+
+    def prepared(words: str) -> None:
+        texts = tmp_path / f"texts-{words}"
+        texts.mkdir(exist_ok=True)
+        (texts / "a.txt").write_text("\n\n".join(f"Paragraph {i} of {words}." for i in range(200)))
+        prepare(texts, DEFAULT_TOKENIZER, tmp_path / "data", num_workers=1, val_fraction=0.3, segment_chars=200,
+                chunk_tokens=256, overwrite=True)
+
+    study = st.Study(name="s", base=[], args=[f"--data.data_dir={tmp_path / 'data'}"], seeds=[1],
+                     variants=[st.Variant("baseline")])
+    code = {"commit": "a" * 40, "dirty": False}
+    prepared("the first text")
+    runner._meta(study, tmp_path, 1, code, False)
+    first = json.loads((tmp_path / "study_meta.json").read_text())["data"]["fingerprints"]
+    prepared("the first text")  # the same inputs again: the same fingerprints
+    runner._meta(study, tmp_path, 1, code, False)
+    prepared("another text")
+    with pytest.raises(UserError) as refused:
+        runner._meta(study, tmp_path, 1, code, False)
+    text = str(refused.value)
+    assert text.startswith(f"study: {tmp_path}: {tmp_path / 'data'}: the runs in this folder read other data: it has "
+                           f"been prepared again with other content since (train {first['train'][:16]} then, "), text
+    assert text.endswith("; prepare the same inputs again with the same tokenizer (prepare gives the same chunks "
+                         "each time), or pass --allow-data-change"), text
+    runner._meta(study, tmp_path, 1, code, False, allow_data_change=True)
+    meta = json.loads((tmp_path / "study_meta.json").read_text())
+    assert meta["data"]["fingerprints"] == first  # the first start's record stays the study's
+    assert [s["data"]["fingerprints"] == first for s in meta["sessions"]] == [True, True, False]
+
+
 @pytest.mark.parametrize("name", ["claim1_lr_cpu", "dnp_cpu", "claim1_lr_0.12b", "dnp_0.12b", "iwd_cpu"])
 def test_issue13_studies_are_well_formed(name):
     study = st.load_study(ROOT / "recipes" / "ablation" / f"{name}.yaml")

@@ -8,7 +8,7 @@ import pytest
 from helpers import main_in_process
 
 RUN_USAGE = ("usage: python -m scalevec_lit study run [-h] [--parallel PARALLEL] [--out OUT] [--dry-run] [--report] "
-             "[--limit LIMIT] [--data DATA] [--allow-code-change] [--mfu MFU] study")
+             "[--limit LIMIT] [--data DATA] [--allow-code-change] [--allow-data-change] [--mfu MFU] study")
 STUDY_USAGE = "usage: python -m scalevec_lit study [-h] {run,plan,report} ..."
 
 CASES = [

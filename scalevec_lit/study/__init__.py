@@ -8,7 +8,8 @@ wall time (``estimate``), also printed by ``study run`` before a GPU study start
 
 One file per job: ``spec`` (the study file's data and the ``fit`` command of a run), ``checks`` (the whole
 study file checked before any run) and ``callback_check`` (every run's callbacks built from their arguments,
-in a subprocess), ``runner`` (run the grid resumably, record the code's commit), ``events`` (TensorBoard
+in a subprocess), ``runner`` (run the grid resumably, record the code's commit), ``data_record`` (the data's
+fingerprints, the same at every start), ``events`` (TensorBoard
 scalars, the validation schedule, endpoints, complete runs), ``stats`` and ``power`` (paired t, sign test,
 Student-t CI, the exact detectable effect, best LR), ``regime`` (tokens per parameter and epochs),
 ``secondary`` (other endpoints, the pre-registered power), ``estimate`` (wall time), ``figures`` (PNG plots),
@@ -46,6 +47,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p_run.add_argument("--data", default=None, help="a prepared data folder for every run (--data.data_dir)")
     p_run.add_argument("--allow-code-change", action="store_true",
                        help="continue a study whose earlier runs were made at another commit")
+    p_run.add_argument("--allow-data-change", action="store_true",
+                       help="continue a study whose earlier runs read data with other fingerprints")
     p_run.add_argument("--mfu", type=float, default=None, help="assumed model FLOPs utilization for the "
                        "wall-time estimate of a GPU study (default 0.35)")
     p_plan = sub.add_parser("plan", help="the expected wall time of a study, before it starts")
@@ -74,7 +77,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             from .estimate import DEFAULT_MFU, print_estimate
 
             print_estimate(study, out, mfu=args.mfu or DEFAULT_MFU, power=False)  # run_study states it
-        failed = run_study(study, out, args.parallel, args.dry_run, args.allow_code_change, args.limit)
+        failed = run_study(study, out, args.parallel, args.dry_run, args.allow_code_change, args.limit,
+                           args.allow_data_change)
         if args.report and not failed and not args.dry_run:
             from .report import write_report
 

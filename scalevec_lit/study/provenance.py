@@ -12,39 +12,23 @@ from typing import Optional
 
 import yaml
 
+from .data_record import data_dir_of, fingerprints
 from .regime import regime_detail, study_regime
 from .runner import now
 from .spec import Study, fmt_lr
 
 
-def _data_dir(study: Study, meta: dict) -> Optional[str]:
-    """The prepared data folder of the runs: ``study run --data``, the study's args, or the base recipe's."""
-    data_dir = meta.get("data_dir")
-    for a in study.args if data_dir is None else []:
-        if a.startswith("--data.data_dir="):
-            data_dir = a.split("=", 1)[1]
-    if data_dir is None:
-        for recipe in study.base:
-            try:
-                data_dir = ((yaml.safe_load(Path(recipe).read_text()) or {}).get("data") or {}).get("data_dir", data_dir)
-            except OSError:
-                pass
-    return data_dir
-
-
 def _data_line(study: Study, meta: dict) -> str:
-    data_dir = _data_dir(study, meta)
+    data_dir = data_dir_of(study, meta)
     if not data_dir:
         return "Data: n/a."
     meta_path = Path(data_dir) / "meta.json"
     if meta_path.exists():
-        from ..data.integrity import fingerprint
-
         meta = json.loads(meta_path.read_text())
         tok = meta.get("tokens", {})
-        prints = [fingerprint(str(data_dir), meta, split) for split in ("train", "val")]
-        content = (f", data fingerprint train {prints[0][:16]}, val {prints[1][:16]} (`integrity.fingerprint`, as "
-                   f"where the report was written)" if all(prints) else "")
+        prints = fingerprints(str(data_dir))
+        content = (f", data fingerprint train {prints['train'][:16]}, val {prints['val'][:16]} (`integrity.fingerprint`, "
+                   f"as where the report was written)" if prints else "")
         return (f"Data: `{data_dir}` ({tok.get('train', 0):,} training / {tok.get('val', 0):,} validation tokens, "
                 f"vocabulary {meta.get('vocab_size')}, tokenizer sha256 {meta.get('tokenizer_sha256')}{content}).")
     return f"Data: `{data_dir}` (its meta.json was not found where the report was written)."
@@ -62,7 +46,7 @@ def provenance_section(out: Path, study: Study, runs: dict, meta: dict, order: l
                    if d.get("last_train_step") is not None and not d.get("diverged"))
     n_div = sum(1 for d in runs.values() if d.get("diverged"))
     expected = len(study.runs()) if study.variants else len(runs)
-    regime = study_regime(runs, base, _data_dir(study, meta))
+    regime = study_regime(runs, base, data_dir_of(study, meta))
     L = [f"# Study `{title}`: report", "",
          f"Generated {now()} by `python -m scalevec_lit study report {out}` (the tables and figures are "
          "computed from the runs; the discussion at the end is hand-written).", "",

@@ -31,6 +31,7 @@ import yaml
 
 from ..errors import UserError
 from ..stopsignal import StopSignal
+from .data_record import check_same_data, data_dir_of, fingerprints
 from .events import (collect_done, endpoint, read_scalars, recorded_endpoints, run_endpoint, scheduled,
                      validation_schedule)
 from .spec import CKPT_DIR, DONE, ENDPOINTS, VAL_TAG, Run, Study, fit_command, fmt_lr, run_callbacks, run_dir
@@ -187,30 +188,36 @@ def _say(line: Optional[str]) -> None:
             pass
 
 
-def _meta(study: Study, out: Path, parallel: int, provenance: dict, allow_code_change: bool) -> None:
+def _meta(study: Study, out: Path, parallel: int, provenance: dict, allow_code_change: bool,
+          allow_data_change: bool = False) -> None:
     path = out / "study_meta.json"
     meta = json.loads(path.read_text()) if path.exists() else {}
     if meta.get("code") and meta["code"].get("commit") != provenance["commit"] and not allow_code_change:
         raise UserError(f"study: {out}", provenance["commit"],
                         f"runs in this folder were made at commit {meta['code']['commit']}, the code now is at "
                         "another", "continue from a worktree at that commit, or pass --allow-code-change")
+    data_dir = data_dir_of(study, {})  # this start's: the study's args (with --data) or its base recipe
+    data = {"dir": data_dir, "fingerprints": fingerprints(data_dir)}
+    check_same_data(meta, data_dir, data["fingerprints"], out, allow_data_change)
     out_arg = f" --out {out}" if not out.is_absolute() else ""
     meta.setdefault("started", now())
     meta.setdefault("code", provenance)
     meta.update({"study": str(study.path) if study.path else study.name,
                  "command": f"python -m scalevec_lit study run {study.path}{out_arg} --parallel {parallel}",
                  "threads": os.environ.get("OMP_NUM_THREADS", ""),
-                 "sessions": meta.get("sessions", []) + [{"started": now(), "code": provenance}]})
+                 "sessions": meta.get("sessions", []) + [{"started": now(), "code": provenance, "data": data}]})
+    if not (meta.get("data") or {}).get("fingerprints"):
+        meta["data"] = data
     if study.lr_from:
         meta["lr_from"] = study.lr_from
-    data = [a.split("=", 1)[1] for a in study.args if a.startswith("--data.data_dir=")]
-    if data:
-        meta["data_dir"] = data[-1]
+    dirs = [a.split("=", 1)[1] for a in study.args if a.startswith("--data.data_dir=")]
+    if dirs:
+        meta["data_dir"] = dirs[-1]
     path.write_text(json.dumps(meta, indent=1))
 
 
 def run_study(study: Study, out: Path, parallel: int = 1, dry_run: bool = False,
-              allow_code_change: bool = False, limit: Optional[int] = None) -> int:
+              allow_code_change: bool = False, limit: Optional[int] = None, allow_data_change: bool = False) -> int:
     """Run every incomplete run of the study's grid; returns the number of failed runs."""
     resolve_lr_from(study, out)
     grid = study.runs()
@@ -235,7 +242,7 @@ def run_study(study: Study, out: Path, parallel: int = 1, dry_run: bool = False,
     provenance = code_provenance()
     print(f"[study] code at commit {provenance['commit']}{' (with uncommitted changes)' if provenance['dirty'] else ''}",
           flush=True)
-    _meta(study, out, parallel, provenance, allow_code_change)
+    _meta(study, out, parallel, provenance, allow_code_change, allow_data_change)
     if study.path is not None:
         shutil.copyfile(study.path, out / "study.yaml")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
