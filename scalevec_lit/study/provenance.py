@@ -8,9 +8,6 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Optional
-
-import yaml
 
 from .data_record import data_dir_of, fingerprints
 from .regime import regime_detail, study_regime

@@ -131,7 +131,7 @@ def write_endpoints(out: Path, study: Study, runs: dict[Run, dict], meta: dict) 
              "diverged": d.get("diverged"), "commit": (d.get("code") or {}).get("commit")}
             for r, d in sorted(runs.items(), key=lambda kv: (kv[0].variant, kv[0].lr or 0.0, kv[0].seed))]
     record = {"study": study.name, "endpoint_evals": study.endpoint_evals,
-              "commit": (meta.get("code") or {}).get("commit"), "runs": rows}
+              "commit": (meta.get("code") or {}).get("commit"), "data": meta.get("data"), "runs": rows}
     path = out / ENDPOINTS
     path.write_text(json.dumps(record, indent=1) + "\n")
     return path
