@@ -21,7 +21,9 @@ def model_from_state(spec: dict[str, Any], state: dict[str, torch.Tensor]) -> Tr
     """Build the model of ``spec`` (its own class, block and strategy: ``model/spec.py``) on the meta device, then
     load ``state`` (fp32, CPU) into it; a class that cannot be imported is refused by name with the fix."""
     try:
-        with torch.device("meta"):
+        from ..model.meta import meta_device
+
+        with meta_device():  # tensors made of one Python number stay real (model/meta.py)
             model = build_from_spec(spec)
     except UnimportableClassError as err:
         raise ExportError(f"--ckpt: the checkpoint's model cannot be rebuilt: {err}") from None

@@ -90,7 +90,9 @@ def _build_target(model: Transformer, strategy: ScaleStrategy, spec: Optional[di
     ``spec``: the model's spec as its checkpoint recorded it (read once by the command and carried); without
     one (a model built in memory), it is taken from ``model``."""
     spec = target_spec(spec if spec is not None else spec_of(model), strategy)
-    with torch.device("meta"):
+    from ..model.meta import meta_device
+
+    with meta_device():  # tensors made of one Python number stay real (model/meta.py)
         target = build_from_spec(spec)
     target.to_empty(device="cpu")
     target.double()

@@ -149,7 +149,9 @@ class CausalLM(TrainingSteps):
             return
         mesh = getattr(self, "_device_mesh", None)
         if mesh is not None and self.parallel.meta_init and self._init_state is None:
-            with torch.device("meta"):
+            from ..model.meta import meta_device
+
+            with meta_device():  # tensors made of one Python number stay real (model/meta.py)
                 self.model = self.build_model()
         else:
             self.model = self.build_model()

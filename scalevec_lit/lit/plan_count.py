@@ -256,7 +256,9 @@ def make_plan(cfg: Any, devices: Optional[int] = None, memory: Optional[str] = N
     else:
         act_bytes = 2 if precision.startswith(("bf16", "16")) else 4
         master_bytes = 2 if precision in ("bf16-true", "16-true") else 4
-    with torch.device("meta"):
+    from ..model.meta import meta_device
+
+    with meta_device():  # tensors made of one Python number stay real (model/meta.py)
         model = module.build_model()
     count = count_parameters(model)
     opt = instantiate_optimizer(module.optimizer_factory, build_param_groups(model, module.param_groups))

@@ -165,10 +165,16 @@ def check_rebuildable(model: Any, spec: dict[str, Any]) -> None:
         raise UserError("model", name, f"its constructor takes {', '.join(unrecorded)}, which a checkpoint would not "
                         "record", f"set self.init_args = {{{', '.join(repr(p) + ': ' + p for p in unrecorded)}}} in "
                         "its constructor")
+    from .meta import RULE, meta_culprit, meta_device
+
     try:
-        with torch.device("meta"):
+        with meta_device():
             rebuilt = build_from_spec(spec)
     except Exception as err:  # whatever fails here would fail the same way in every reader of its checkpoints
+        culprit = meta_culprit(err)
+        if culprit is not None:  # a user class that reads a value while it is built: name it, and the rule
+            raise UserError(culprit, f"{type(err).__name__}: {err}", "cannot be built on the meta device",
+                            f"{RULE} (docs/subclassing.md)") from None
         raise UserError("model", name, f"cannot be rebuilt from its checkpoint spec ({type(err).__name__}: {err})",
                         how) from None
     shapes = {k: tuple(v.shape) for k, v in rebuilt.state_dict().items()}

@@ -23,6 +23,11 @@ check that the vector then produces γ. A target parameterization without an inv
 ``transfer_`` raises ``NoInverse`` naming the class (``convert`` refuses it; a same-strategy conversion is a
 copy and never gets here).
 
+A scale site of the user's (a ``ScaleSite`` subclass that is neither ``NormSite`` nor ``OutputNorm``) joins by its
+method ``convert_from_(source) -> list[str]``: it sets its own parameters from the same site of the source model and
+returns what it could not keep; ``copy_scales_`` is that method for a site that only multiplies by its vectors' γ.
+A site without it is refused by name, with that fix.
+
 Plain torch only: must not import Lightning or ``scalevec_lit.model``.
 """
 from __future__ import annotations
@@ -36,7 +41,7 @@ from torch import nn
 from .sites import NormSite, OutputNorm, ScaleSite
 from .vector import NoInverse, ScaleVector, check_finite
 
-__all__ = ["NoInverse", "Transfer", "set_scale_", "transfer_"]
+__all__ = ["NoInverse", "Transfer", "copy_scales_", "set_scale_", "transfer_"]
 
 
 @dataclass
@@ -176,6 +181,43 @@ def _transfer_site(s: NormSite, t: NormSite, name: str, out: Transfer) -> dict[s
     return new
 
 
+@torch.no_grad()
+def copy_scales_(target: ScaleSite, source: ScaleSite) -> list[str]:
+    """Make ``target`` compute what ``source`` computes when the site multiplies by its vectors' γ and by nothing
+    that depends on the parameterization: every parameter outside its scale vectors copied, every vector
+    written through the target's inverse (``set_scale_``) from the source's γ, paired by their ``ScaleInfo``
+    in ``scale_vectors()``. Returns what could not be kept (a γ the target's class cannot hold: set to 1)."""
+    own = {id(p) for _, v in target.scale_vectors() for p in v.parameters()}
+    theirs = dict(source.named_parameters())
+    for key, param in target.named_parameters():
+        if id(param) not in own:
+            param.copy_(theirs[key])
+    gammas = {(i.layer, i.site, i.branch): v().detach() for i, v in source.scale_vectors()}
+    changes = []
+    for info, vector in target.scale_vectors():
+        if not set_scale_(vector, gammas[(info.layer, info.site, info.branch)]):
+            changes.append(f"{info.site}.{info.branch}: {type(vector).__name__} cannot hold its γ (set to 1)")
+            _set_or_ones(vector, None, f"{info.site}.{info.branch}", Transfer())
+    return changes
+
+
+def _transfer_user_site(s: ScaleSite, t: ScaleSite, name: str, out: Transfer) -> None:
+    """A scale site of the user's (neither ``NormSite`` nor ``OutputNorm``) joins the conversion through its
+    method ``convert_from_(source) -> list[str]`` (``docs/subclassing.md``); one without it is refused by name."""
+    cls = type(t)
+    method = getattr(t, "convert_from_", None)
+    if method is None:
+        raise ValueError(
+            f"{name}: {cls.__module__}.{cls.__qualname__}: a scale site the conversion does not know (it has no "
+            "convert_from_ method); give the class the method convert_from_(self, source) -> list[str] that sets its "
+            "parameters from the same site of the "
+            "source model (another strategy) and returns what it could not keep (`return copy_scales_(self, source)` "
+            "from scalevec_lit.scale.convert when the site only multiplies by its vectors' γ; docs/subclassing.md)")
+    if type(s) is not cls:
+        raise ValueError(f"{name}: the sites are of different classes ({type(s).__name__} vs {cls.__name__})")
+    out.changes.extend(f"{name}: {what}" for what in (method(s) or []))
+
+
 def _sites(model: nn.Module) -> dict[str, ScaleSite]:
     return {n: m for n, m in model.named_modules() if isinstance(m, ScaleSite)}
 
@@ -209,7 +251,8 @@ def transfer_(source: nn.Module, target: nn.Module) -> Transfer:
                 _set_or_ones(t.scale, None, name, out)
             continue
         if not isinstance(t, NormSite):
-            raise ValueError(f"{name}: {type(t).__name__} is a scale site the conversion does not know")
+            _transfer_user_site(s, t, name, out)
+            continue
         for b, w in _transfer_site(s, t, name, out).items():
             param = t.proj[b].weight
             if id(param) in outside and not torch.equal(param, w):  # a tied head gets a weight of its own
