@@ -90,7 +90,7 @@ def mirror(remote: Remote, cache_dir: Optional[str] = None) -> tuple[Path, dict,
         what = "holds nothing (no such prefix)" if not listing else \
             f"holds {len(listing)} object(s) but no meta.json (not prepared there, or an interrupted prepare)"
         raise RunError(remote.key, remote.url, what, f"prepare it: python -m scalevec_lit prepare --input <text> "
-                       f"--output {remote.url}, or correct the prefix")
+                       f"--output {remote.url}, or correct the prefix", exit_code=2)  # missing: 2, as a local folder
     meta_bytes = remote.read("meta.json")
     try:
         meta = json.loads(meta_bytes)

@@ -16,7 +16,8 @@ a server error (5xx, throttling), waiting ``retry_wait`` seconds (default 1) and
 failure (at most 30 s); the connection and each read of an attempt wait at most ``timeout`` seconds
 (default 60). Then
 a ``RunError`` names the URL, what the endpoint said and the fix; so do a missing bucket or object and
-rejected credentials, at once (no retry can fix them).
+rejected credentials, at once (no retry can fix them). A bucket that does not exist exits 2, as a local
+folder that does not exist does (``cache.mirror``: so does a prefix that holds nothing, or no ``meta.json``).
 
 Other schemes that litdata streams from (``gs://``, ``azure://``, ``hf://``, ``r2://``, ...) need clients
 that are not installed; they are refused with the S3-compatible way to reach the same storage.
@@ -156,10 +157,10 @@ class Remote:
             wait *= 2
 
     def _client_error(self, url: str, what: str, code: str, status: int, err: Exception) -> RunError:
-        if code == "NoSuchBucket":
+        if code == "NoSuchBucket":  # missing, as a local folder that does not exist: exit 2
             return RunError(self.key, url, f"the bucket {self.bucket!r} does not exist at {self.endpoint()}",
                             "create it, or correct the bucket name or the endpoint (AWS_ENDPOINT_URL or "
-                            "data.storage_options endpoint_url)")
+                            "data.storage_options endpoint_url)", exit_code=2)
         if code in ("NoSuchKey", "404", "NotFound"):
             return RunError(self.key, url, f"{what}: no such object in the bucket", "prepare the data there "
                             f"(python -m scalevec_lit prepare --output {self.url}) or correct the prefix")
