@@ -56,3 +56,16 @@ def test_no_complete_checkpoint_says_a_restart_begins_at_step_0(tmp_path):
     assert _watch(tmp_path, "last.ckpt", 3)._newest_checkpoint() == (
         "no checkpoint is complete (step 3's was being written and is not complete (last.ckpt.tmp or missing)): a "
         "restart begins at step 0")
+
+
+def test_a_complete_write_not_yet_recorded_is_named(tmp_path):
+    """Rank 0 writes step 6's file, then waits in a barrier for a rank that is lost: the record still says step 3
+    (``last.ckpt``), and the line named step 3, while ``--ckpt_path last`` resumes from step 6's file."""
+    _dcp(tmp_path, "step000003.ckpt", 3)
+    _dcp(tmp_path, "last.ckpt", 3)
+    _dcp(tmp_path, "step000006.ckpt", 6)
+    _dcp(tmp_path, "step000009.ckpt", 9)  # an abandoned run's, beyond the step this run reached: not this run's
+    watch = _watch(tmp_path, "last.ckpt", 3)
+    watch.step = 6
+    assert watch._newest_checkpoint() == (
+        f"the newest checkpoint is step 6 ({tmp_path / 'step000006.ckpt'}), the steps after it are lost")

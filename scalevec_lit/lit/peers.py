@@ -81,7 +81,7 @@ class PeerWatch(Callback):
         self.timeout = float(timeout)
         self.interval = heartbeat_interval(self.timeout)
         self.store_timeout = max(self.interval * 2, 5.0)  # of one store call (its own connection)
-        self.step = 0
+        self._step = 0
         self.rank, self.world = 0, 1
         self._seen: dict[int, tuple[int, float]] = {}  # peer -> (counter, local time it last moved)
         self._store_ok = time.monotonic()
@@ -126,6 +126,20 @@ class PeerWatch(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.step = trainer.global_step
+
+    @property
+    def step(self) -> int:
+        """The step the run reached: the trainer's optimizer steps now (read from the watchdog thread too), at least
+        the step whose batch started last. A rank lost after step N-1's update, while step N's checkpoint is saved
+        (rank 0 writes it, then waits in a barrier), is lost at step N, as that checkpoint says."""
+        live = 0
+        with suppress(Exception):  # no trainer (yet), or one without its loops
+            live = int(self._trainer.global_step)
+        return max(self._step, live)
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step = value
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if not (is_collective_failure(exception) or type(exception).__name__ == "StopSignal"):
@@ -176,6 +190,7 @@ class PeerWatch(Callback):
             return
         self._finish_writes()
         newest = self._newest_checkpoint()
+        self._release_lock()
         host = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
         if say(lost_error(lost, self.step, how, newest) if lost else
                unnamed_error(self.step, how, f"its host {host}, torchrun's agent on the first node, is down or stopped",
@@ -189,6 +204,13 @@ class PeerWatch(Callback):
         with suppress(Exception):  # the line matters more than that write
             wait and wait(self._trainer, raise_error=False, distributed=False)
 
+    def _release_lock(self) -> None:
+        """The checkpoint folder's ``run.lock``, released as ``on_exception`` does on the main thread (which is
+        blocked in a collective here): a restart on another host would otherwise be refused by it."""
+        for callback in getattr(self._trainer, "checkpoint_callbacks", None) or []:
+            with suppress(Exception):  # the line matters more than the lock
+                getattr(callback, "_unlock", lambda: None)()
+
     def _newest_checkpoint(self) -> str:
         """What is kept: the newest complete checkpoint's step and file (the steps after it are lost), as on disk:
         the callback records a save when it starts, and an asynchronous or distributed write in flight (rank 0
@@ -197,20 +219,20 @@ class PeerWatch(Callback):
 
         callback = getattr(self._trainer, "checkpoint_callback", None)
         path = str(getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "") or "")
-        saved = getattr(callback, "_last_global_step_saved", 0)
-        if not path or not saved:
-            return ""
-        if step_on_disk(path) == saved:
+        saved = getattr(callback, "_last_global_step_saved", 0) or 0
+        folder = getattr(callback, "dirpath", None) or (Path(path).parent if path else None)
+        found = [(step_on_disk(q), str(q)) for q in checkpoints_in(Path(folder))] if folder else []
+        # a save is recorded once it returns: rank 0 writes a one-file checkpoint, then waits for the others in a
+        # barrier, so step N's file may be complete (and what --ckpt_path last resumes) with the record at N-1
+        found = sorted((s, q) for s, q in found if s is not None and s <= max(saved, self.step))
+        if path and saved and step_on_disk(path) == saved and not (found and found[-1][0] > saved):
             return f"the newest checkpoint is step {saved} ({path}), the steps after it are lost"
-        folder = Path(getattr(callback, "dirpath", None) or Path(path).parent)
-        found = [(step_on_disk(q), str(q)) for q in checkpoints_in(folder)] if folder.is_dir() else []
-        found = sorted((s, q) for s, q in found if s is not None and s <= saved)
         pending = f"step {saved}'s was being written and is not complete ({Path(path).name}.tmp or missing)"
         if not found:
-            return f"no checkpoint is complete ({pending}): a restart begins at step 0"
+            return f"no checkpoint is complete ({pending}): a restart begins at step 0" if saved else ""
         step, newest = found[-1]
-        if step == saved:  # the record named a copy (last) still being made; the step's own file is complete
-            return f"the newest checkpoint is step {saved} ({newest}), the steps after it are lost"
+        if step >= saved:  # the record named a copy (last) still being made, or lags a complete write
+            return f"the newest checkpoint is step {step} ({newest}), the steps after it are lost"
         return f"the newest complete checkpoint is step {step} ({newest}; {pending}), the steps after it are lost"
 
     def finish(self) -> None:
