@@ -295,6 +295,22 @@ class SafeModelCheckpoint(AsyncSaves, StopSignals, FinalSave, reshard.WorldRecor
                                    if p.suffix == self.FILE_EXTENSION and p.name != "nonfinite.ckpt")
         return set() if newest is None else {newest}
 
+    def _save_last_checkpoint(self, trainer, monitor_candidates: dict) -> None:
+        """``last`` keeps its name: the folder is this run's (its lock), so a ``last.ckpt`` there is this run's or
+        the one it resumes, never another run's to keep beside it. Lightning versions the name (``last-v1.ckpt``)
+        whenever the file exists under another name than the restored ``last_model_path``, which a resume from a
+        step file (or from an asynchronous ``last``, a link to one) restores as empty or as an older path: the
+        run then wrote its newest state to ``last-v1.ckpt`` and left ``last.ckpt`` at the resumed step."""
+        if self.save_last and self._enable_version_counter:
+            name = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
+            if name != self.last_model_path and self.file_exists(name, trainer):
+                self._enable_version_counter = False
+                try:
+                    return super()._save_last_checkpoint(trainer, monitor_candidates)
+                finally:
+                    self._enable_version_counter = True
+        super()._save_last_checkpoint(trainer, monitor_candidates)
+
     def _save_checkpoint(self, trainer, filepath: str) -> None:
         if self.async_save and self._same_step_again(trainer, filepath) and self._writer(trainer) is not None:
             self._link_last(trainer, filepath, replace_directory)  # last: the step's checkpoint, linked

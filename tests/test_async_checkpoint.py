@@ -5,6 +5,8 @@
   pickled: deterministic) goes on training while the writer thread is busy, and is killed with SIGKILL
   then: the step-3 checkpoint is complete and verified, step 6 is only ``step000006.ckpt.tmp``, and
   ``--ckpt_path last`` resumes from step 3 to the uninterrupted run's losses, bit for bit (CPU);
+- after that resume, ``last.ckpt`` holds the final step (not ``last-v1.ckpt`` beside a stale ``last.ckpt``);
+- the same kill and resume under FSDP2, with DCP folders written by ``torch.distributed.checkpoint.async_save``;
 - the writer's own contract: jobs in order, a failed write raised in the training thread.
 """
 from __future__ import annotations
@@ -57,11 +59,43 @@ def test_a_kill_during_an_async_save_keeps_the_previous_checkpoint_and_resumes_e
     for p in ckpts.glob("*.ckpt"):
         verify_checkpoint(p, full=True)
 
+    ckpts = _kill_while_writing_step_6(prepared_data, tmp_path / "killed", "async_probe.SlowCheckpoint")
+    assert (ckpts / "last.ckpt").read_bytes() == (ckpts / "step000003.ckpt").read_bytes()
+    _resume_to_the_reference(prepared_data, tmp_path / "killed", reference)
+
+
+FSDP2 = ["--trainer.strategy=lightning.pytorch.strategies.ModelParallelStrategy",
+         "--trainer.strategy.data_parallel_size=1", "--trainer.strategy.tensor_parallel_size=1",
+         "--trainer.strategy.process_group_backend=gloo", "--trainer.devices=1"]
+
+
+@pytest.mark.slow
+def test_a_kill_during_an_async_distributed_save_keeps_last_and_resumes_into_last(prepared_data, tmp_path):
+    """The same under FSDP2 (``ModelParallelStrategy``): DCP folders, ``torch.distributed.checkpoint.async_save``;
+    the step-6 folder is held in the writer thread after DCP wrote it, before it is hashed and renamed."""
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    res = run_cli(_args(prepared_data, ref, *FSDP2), cwd=ref, env=ENV)
+    assert res.returncode == 0, res.stderr[-4000:]
+    reference = _losses(ref)
+    assert sorted(reference) == list(range(STEPS))
+
     run = tmp_path / "killed"
+    ckpts = _kill_while_writing_step_6(prepared_data, run, "async_probe.SlowDistributedCheckpoint", *FSDP2)
+    assert all((ckpts / name).is_dir() for name in ("last.ckpt", "step000003.ckpt"))
+    assert sorted(p.name for p in (ckpts / "last.ckpt").iterdir()) == \
+        sorted(p.name for p in (ckpts / "step000003.ckpt").iterdir())
+    _resume_to_the_reference(prepared_data, run, reference, *FSDP2)
+
+
+def _kill_while_writing_step_6(data: Path, run: Path, probe_class: str, *extra: str) -> Path:
+    """A run whose step-6 write takes 300 s in the writer thread, killed with SIGKILL once training has reached
+    its last step meanwhile: step 3 complete (and ``last``), step 6 only ``.tmp``. Returns the checkpoint folder."""
+    from scalevec_lit.checkpoint.verify import verify_checkpoint
+
     run.mkdir()
-    probe = (f"    - class_path: async_probe.SlowCheckpoint\n      init_args: {{out: {run / 'probe'}, at: 6, "
-             "seconds: 300}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "scalevec_lit", *_args(prepared_data, run, probe=probe)],
+    probe = f"    - class_path: {probe_class}\n      init_args: {{out: {run / 'probe'}, at: 6, seconds: 300}}\n"
+    proc = subprocess.Popen([sys.executable, "-m", "scalevec_lit", *_args(data, run, *extra, probe=probe)],
                             cwd=run, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
     writing, steps = run / "probe" / "writing", run / "probe" / "steps"
@@ -80,14 +114,32 @@ def test_a_kill_during_an_async_save_keeps_the_previous_checkpoint_and_resumes_e
     names = sorted(p.name for p in ckpts.iterdir() if p.name != "run.lock")
     assert names == ["last.ckpt", "step000003.ckpt", "step000006.ckpt.tmp"], names  # 6: never renamed
     verify_checkpoint(ckpts / "step000003.ckpt", full=True)
-    assert (ckpts / "last.ckpt").read_bytes() == (ckpts / "step000003.ckpt").read_bytes()
-
     (run / "ckpt.yaml").unlink()
-    res = run_cli(_args(prepared_data, run, "--ckpt_path=last"), cwd=run, env=ENV)
+    return ckpts
+
+
+def _resume_to_the_reference(data: Path, run: Path, reference: dict[int, float], *extra: str) -> None:
+    """``--ckpt_path last`` resumes step 3, trains the reference's losses bit for bit, and ends with ``last.ckpt``
+    holding the final step."""
+    res = run_cli(_args(data, run, "--ckpt_path=last", *extra), cwd=run, env=ENV)
     assert res.returncode == 0, res.stderr[-4000:]
     resumed = dict(scalars(run / "smoke" / "version_1")["train/loss"])
     assert sorted(resumed) == list(range(EVERY, STEPS))
     assert resumed == {s: reference[s] for s in range(EVERY, STEPS)}  # bitwise
+    _assert_last_is_newest(run / "checkpoints", STEPS)
+
+
+def _assert_last_is_newest(ckpts: Path, step: int) -> None:
+    """``last.ckpt`` is the newest complete step after the resume, in its own name (no ``last-v1.ckpt``)."""
+    names = sorted(p.name for p in ckpts.iterdir() if p.name.startswith("last"))
+    assert names == ["last.ckpt"], names
+    newest = ckpts / f"step{step:06d}.ckpt"
+    if newest.is_dir():  # a distributed (DCP) folder: the same files
+        assert sorted(p.name for p in (ckpts / "last.ckpt").iterdir()) == sorted(p.name for p in newest.iterdir())
+        for f in newest.iterdir():
+            assert (ckpts / "last.ckpt" / f.name).read_bytes() == f.read_bytes(), f.name
+    else:
+        assert (ckpts / "last.ckpt").read_bytes() == newest.read_bytes()
 
 
 def test_the_writer_runs_jobs_in_order_and_raises_a_failed_write_in_the_caller():
