@@ -29,6 +29,7 @@ the cache never holds a partial chunk.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import re
@@ -69,7 +70,8 @@ def relocating_loader():
         def load_state_dict(self, obj: dict[str, Any]) -> None:
             if hasattr(self.dataset, "_elastic_drop_first"):
                 self.dataset._elastic_drop_first = None  # litdata sets it again on an elastic resume only
-            super().load_state_dict(self.relocate(obj) if self.relocate is not None else obj)
+            with exact_position():
+                super().load_state_dict(self.relocate(obj) if self.relocate is not None else obj)
             self.resumed_at = getattr(self.dataset, "_elastic_drop_first", None)
 
         def state_dict(self) -> dict[str, Any]:
@@ -109,6 +111,42 @@ def elastic_state(state: dict[str, Any], resumed_at: Optional[int], yielded: int
     dataset = {**dataset, "resume_mode": "elastic", "sample_in_epoch": int(resumed_at) + int(yielded) * world,
                "num_samples_yielded": 0}  # litdata then deals out the rest from the global count, on any world
     return {**state, "dataset": dataset}
+
+
+_EXACT = threading.local()  # > 0 while a Stream or a RelocatingLoader restores a position (this thread)
+
+
+@functools.lru_cache(maxsize=None)
+def _exact_drop() -> None:
+    """litdata (0.2.76) rounds the position an elastic resume drops from the epoch down to a whole batch of
+    the new world (processes x micro batch: ``_round_down_drop_first``), so when the global batch changes
+    at the resume up to that many - 1 sequences are read again (6 read on 1 process, resumed on 4 with a
+    micro batch of 2: all 6). The rest of the epoch is a list that litdata deals out batch by batch over the
+    new ranks, so dropping the exact count keeps the ranks in step; inside ``exact_position`` the rounding is
+    left out (elsewhere litdata's own is called)."""
+    from litdata.streaming import dataloader, dataset, elastic
+
+    for module in (dataset, elastic, dataloader):
+        original = getattr(module, "_round_down_drop_first", None)
+        if original is None or getattr(original, "exact_position", False):
+            continue
+
+        def drop_first(count, world_size, batch_size, _original=original):
+            return max(0, int(count)) if getattr(_EXACT, "depth", 0) else _original(count, world_size, batch_size)
+
+        drop_first.exact_position = True
+        module._round_down_drop_first = drop_first
+
+
+@contextlib.contextmanager
+def exact_position():
+    """litdata's elastic resume drops exactly the sequences read, in this thread, inside the block."""
+    _exact_drop()
+    _EXACT.depth = getattr(_EXACT, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _EXACT.depth -= 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -236,8 +274,10 @@ def _stream_class():
 
         def __iter__(self):
             _join(_stop(self), JOIN_S, "a new pass over the data stopped the last one's")  # one reader at a time
-            return super().__iter__()
+            with exact_position():  # litdata builds the plan of an elastic resume here (in the loader worker)
+                return super().__iter__()
 
+    _exact_drop()  # a loader worker started from a fork server unpickles the dataset through here
     Stream.__module__, Stream.__qualname__, Stream.__name__ = __name__, "Stream", "Stream"
     return Stream
 

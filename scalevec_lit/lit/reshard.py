@@ -12,7 +12,12 @@ A checkpoint written by N processes resumes on M (``SafeModelCheckpoint`` calls 
   (``sequences``, recorded here; litdata records the same count as ``sample_in_epoch``). litdata's
   ``StreamingDataset`` rebuilds the order in which the first world read the epoch and deals the rest out
   over the new ranks, batch by batch (its "elastic" resume), so the optimizer step after the resume reads
-  the same sequences as it would have read without the change, none repeated, none skipped;
+  the same sequences as it would have read without the change, none repeated, none skipped. When the
+  global batch changes too (``trainer.accumulate_grad_batches`` set, no ``global_batch_size``), the resume
+  reads on from the exact count as well (``data/loaders.py``, ``exact_position``: litdata would round it
+  down to a whole batch of the new world, and read up to that many - 1 sequences again), and the count no
+  longer follows from Lightning's counters: the checkpoints of that epoch record it with the difference
+  (``position_offset``);
 - **Lightning's micro-batch counters**, which decide where an accumulation window ends, count per rank:
   ``reshard_loops`` rescales them to the new accumulation (otherwise the first step after a resume on fewer
   ranks would step after a part of its micro-batches).
@@ -29,13 +34,26 @@ from ..errors import UserError
 KEY = "scalevec_world"  # the checkpoint's record of the world that wrote it
 
 
-def world_record(*, world_size: int, accumulate: int, micro_batch: int, loops: dict) -> dict:
+def world_record(*, world_size: int, accumulate: int, micro_batch: int, loops: dict, offset: int = 0) -> dict:
     """What the checkpoint keeps of its world: processes, accumulation, micro batch, the global batch in
-    sequences, and the data position as a global sequence count in the current epoch."""
+    sequences, and the data position as a global sequence count in the current epoch (the micro-batches of
+    this epoch times this world's sequences per micro-batch, plus ``offset``: ``position_offset``)."""
     current = loops["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"]
     per_step = accumulate * micro_batch * world_size
     return {"world_size": world_size, "accumulate": accumulate, "micro_batch": micro_batch,
-            "sequences_per_step": per_step, "sequences": current * micro_batch * world_size}
+            "sequences_per_step": per_step, "sequences": current * micro_batch * world_size + offset}
+
+
+def position_offset(checkpoint: dict, *, world_size: int, micro_batch: Optional[int]) -> int:
+    """What the data position of ``checkpoint`` (its record's count, after ``reshard_loops``) differs from the
+    count its micro-batch counter gives on ``world_size`` processes of ``micro_batch`` sequences: 0 unless the
+    global batch changed in this epoch (6 sequences read by 1 process in 3 micro-batches, resumed on 4
+    processes of 1: counter 1, 8 sequences, so -2). ``world_record`` adds it back until the epoch ends."""
+    saved = checkpoint.get(KEY)
+    if saved is None or "loops" not in checkpoint:
+        return 0
+    ready = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"]
+    return saved["sequences"] - ready * (micro_batch or saved["micro_batch"]) * world_size
 
 
 def _loader_states(checkpoint: dict) -> list:
@@ -102,10 +120,10 @@ def reshard_loops(checkpoint: dict, *, world_size: int, accumulate: int,
             f"{saved['sequences']:,} sequences read in this epoch, the rest dealt out over {world_size} rank(s)")
 
 
-def record_of(trainer, checkpoint: dict) -> dict[str, Any]:
+def record_of(trainer, checkpoint: dict, offset: int = 0) -> dict[str, Any]:
     """``world_record`` of a running ``trainer`` for the ``checkpoint`` it is saving."""
     return world_record(world_size=trainer.world_size, accumulate=max(1, int(trainer.accumulate_grad_batches)),
-                        micro_batch=micro_batch_of(trainer) or 1, loops=checkpoint["loops"])
+                        micro_batch=micro_batch_of(trainer) or 1, loops=checkpoint["loops"], offset=offset)
 
 
 def micro_batch_of(trainer) -> Optional[int]:
@@ -200,16 +218,22 @@ class WorldRecord:
     """``SafeModelCheckpoint``'s side (a mixin before Lightning's ``ModelCheckpoint``): every checkpoint gets the
     record of its world; a resumed fit rescales the loops to this one and says so in one line."""
 
+    _micro_batch_to_check: Optional[int] = None  # the checkpoint's, when this run's was not known on load
+    _offset: tuple = (None, 0)  # (epoch, position_offset) of the checkpoint this fit resumed
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._offset = (None, 0)  # before Lightning reads a checkpoint: a fit of its own starts at 0
+
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
         if "loops" in checkpoint:
-            checkpoint[KEY] = record_of(trainer, checkpoint)
-
-    _micro_batch_to_check: Optional[int] = None  # the checkpoint's, when this run's was not known on load
+            epoch, offset = self._offset
+            checkpoint[KEY] = record_of(trainer, checkpoint, offset if checkpoint.get("epoch") == epoch else 0)
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(trainer, pl_module, checkpoint)
-        self._micro_batch_to_check = None
+        self._micro_batch_to_check, self._offset = None, (None, 0)
         if "loops" not in checkpoint or trainer.state.fn != "fit":
             return
         micro_batch = micro_batch_of(trainer)
@@ -217,6 +241,8 @@ class WorldRecord:
             self._micro_batch_to_check = checkpoint[KEY]["micro_batch"]
         line = reshard_loops(checkpoint, world_size=trainer.world_size,
                              accumulate=max(1, int(trainer.accumulate_grad_batches)), micro_batch=micro_batch)
+        self._offset = (checkpoint.get("epoch"), position_offset(checkpoint, world_size=trainer.world_size,
+                                                                  micro_batch=micro_batch))
         if line is not None and trainer.is_global_zero:
             from ..notices import notice
 
