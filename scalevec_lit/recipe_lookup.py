@@ -83,6 +83,24 @@ def recipe_path(value: str | Path) -> Path:
     return find_recipe(str(value)) or Path(value)
 
 
+def recipe_file(value: str | Path, key: str) -> Path:
+    """The one rule for every option that takes a recipe, a strategy preset or a study file (``--config``,
+    ``convert --strategy``, ``import --strategy``, a study and the recipes it names): a file that exists, else
+    the shipped recipe of that name in any of its spellings (``strategy/hg``, ``strategy/hg.yaml``,
+    ``recipes/strategy/hg.yaml``), installed or in a clone. Neither: a ``UserError`` naming ``key`` and the value,
+    with the closest shipped names."""
+    if Path(value).is_file():
+        return Path(value)
+    shipped = find_recipe(str(value))
+    if shipped is not None:
+        return shipped
+    close = close_names(str(value))
+    hint = f" (did you mean {' or '.join(f'{c} ({PREFIX}{c}{SUFFIX})' for c in close)}?)" if close else ""
+    raise UserError(key, str(value), "no such file, and no shipped recipe of that name",
+                    f"give the path of a YAML file or a recipe's name{hint}; "
+                    "`scalevec-lit recipes` lists the shipped ones")
+
+
 def close_names(name: str, n: int = 2) -> list[str]:
     names = recipe_names()
     normal = _normal(name)
@@ -113,16 +131,9 @@ def resolve_config_args(argv: list[str], sys_argv: Optional[list[str]] = None) -
             continue
         if _is_inline(value) or Path(value).is_file():
             continue  # a file wins over a shipped recipe of the same name
-        shipped = find_recipe(value)
-        if shipped is None and Path(value).exists():
+        if find_recipe(value) is None and Path(value).exists():
             continue  # a folder: the recipe checks name it
-        if shipped is None:
-            close = close_names(value)
-            hint = (f" (did you mean {' or '.join(f'{c} ({PREFIX}{c}{SUFFIX})' for c in close)}?)" if close else "")
-            raise UserError("--config", value, "no such file, and no shipped recipe of that name",
-                            f"give the path of a YAML recipe or a recipe's name{hint}; "
-                            "`scalevec-lit recipes` lists the shipped ones")
-        out[at] = form.format(shipped)
+        out[at] = form.format(recipe_file(value, "--config"))
     return out
 
 

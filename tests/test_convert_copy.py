@@ -139,7 +139,7 @@ def test_the_advice_of_a_plain_model_leaves_out_the_refused_preset():
 
 def test_no_preset_keeps_the_model_says_so(monkeypatch):
     model = _trained(recorded(ROOT / "recipes" / "strategy" / "baseline.yaml"), torch.float64)
-    monkeypatch.setattr(hub_convert, "PRESETS", ROOT / "no-such-folder")
+    monkeypatch.setattr(hub_convert, "presets_folder", lambda: ROOT / "no-such-folder")
     text = _refusal(model, "unified")
     assert ("no preset in recipes/strategy/ keeps this model exactly; pass --allow-function-change and continue "
             "training to recover") in text

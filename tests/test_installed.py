@@ -128,6 +128,8 @@ main(["generate", "--ckpt", ckpt, "--prompt", "ROMEO:", "--max-new-tokens", "4"]
 main(["export", "--ckpt", ckpt, "--out", "exported/smoke"])
 main(["inspect", ckpt])
 main(["recipes", "copy", "strategy/unified", "mine.yaml"])
+for i, spelling in enumerate(("strategy/hg", "recipes/strategy/hg.yaml")):  # one rule for names, installed too
+    main(["convert", "--ckpt", ckpt, "--strategy", spelling, "--out", f"converted{i}"])
 print("found:", json.dumps({"file": scalevec_lit.__file__, "recipes": str(recipe_root()), "public": public,
                             "callbacks": callbacks, "path": sys.path}))
 '''
@@ -156,3 +158,5 @@ def test_the_installed_wheel_runs_outside_the_source_tree(venv, built, tmp_path)
     assert "ROMEO:" in text and "attn_input" in text  # generate's continuation, inspect's table
     assert (work / "exported/smoke/config.json").is_file() and (work / "exported/smoke/model.safetensors").is_file()
     assert (work / "mine.yaml").read_bytes() == (built["src"] / "recipes/strategy/unified.yaml").read_bytes()
+    assert "last.ckpt to strategy/hg" in text and "last.ckpt to recipes/strategy/hg.yaml" in text
+    assert all((work / f"converted{i}").exists() for i in (0, 1))

@@ -62,7 +62,7 @@ def test_an_unknown_name_is_one_line_with_the_close_names(elsewhere):
     with pytest.raises(UserError) as err:
         recipe_lookup.resolve_config_args(["fit", "--config", "strategy/unifed"])
     assert str(err.value) == (
-        "--config: strategy/unifed: no such file, and no shipped recipe of that name; give the path of a YAML recipe "
+        "--config: strategy/unifed: no such file, and no shipped recipe of that name; give the path of a YAML file "
         "or a recipe's name (did you mean strategy/unified (recipes/strategy/unified.yaml) or strategy/unit_offset "
         "(recipes/strategy/unit_offset.yaml)?); `scalevec-lit recipes` lists the shipped ones")
 
@@ -147,3 +147,33 @@ def test_the_downstream_example_reads_its_shipped_task_from_any_folder(elsewhere
     docs = list(task.test_docs())
     lines = (ROOT / "recipes/examples/tasks/tiny_choice.jsonl").read_text().splitlines()
     assert len(docs) == len(lines) == 10 and docs[0]["query"] == yaml.safe_load(lines[0])["query"]
+
+
+def test_every_option_that_takes_a_recipe_takes_a_name_and_a_path_alike(elsewhere, capfd):
+    """One rule for names (``recipe_lookup.recipe_file``): ``--config``, ``import --strategy``, ``convert --strategy``
+    and a study file (and the recipes it names) each take a shipped recipe's name in every spelling and a file
+    path, from a folder without ``recipes/``; an unknown name is the same one line for each, naming its option."""
+    from test_import import save, tiny_hf
+
+    from scalevec_lit.study.spec import load_study
+
+    hg = ROOT / "recipes" / "strategy" / "hg.yaml"
+    hf = save(tiny_hf("LlamaForCausalLM", vocab=4096), elsewhere / "hf", tokenizer=True)
+    for i, spelling in enumerate(("strategy/hg", "strategy/hg.yaml", "recipes/strategy/hg.yaml", str(hg))):
+        assert recipe_lookup.resolve_config_args(["fit", "--config", spelling]) == ["fit", "--config", str(hg)]
+        code, text = main_in_process(capfd, ["import", "--hf", str(hf), "--out", f"imported{i}", "--strategy", spelling])
+        assert code == 0, text[-3000:]
+        assert f"converted to {spelling}" in text
+        code, text = main_in_process(capfd, ["convert", "--ckpt", f"imported{i}", "--strategy", spelling,
+                                             "--out", f"converted{i}"])
+        assert code == 0, text[-3000:]
+        study = elsewhere / f"study{i}.yaml"
+        study.write_text(f"name: names\nout: runs\nbase: [{spelling.replace('strategy/hg', 'smoke')}]\nseeds: [1]\n"
+                         f"baseline: hg\nvariants:\n  - {{name: hg, configs: [{spelling}]}}\n")
+        assert load_study(study).variants[0].configs == [spelling]
+    for argv in (["import", "--hf", str(hf), "--out", "x"], ["convert", "--ckpt", "imported0", "--out", "y"]):
+        code, text = main_in_process(capfd, [*argv, "--strategy", "strategy/hgg"])
+        assert code == 2 and ("--strategy: strategy/hgg: no such file, and no shipped recipe of that name; give the "
+                              "path of a YAML file or a recipe's name (did you mean strategy/hg (recipes/strategy/hg.yaml)")\
+            in text, text[-2000:]
+        assert not (elsewhere / argv[-1]).exists()

@@ -37,6 +37,7 @@ from ..model.spec import (STOCK_MODEL, build_from_spec, describe_callable, descr
                           strategy_from_dict)
 from ..model.transformer import Transformer
 from ..outdir import OutputFolder, output_folder
+from ..recipe_lookup import recipe_file, recipe_root
 from ..scale.convert import Transfer, transfer_
 from ..scale.strategy import ScaleStrategy
 from ..scale.vector import NoInverse, ScaleVector
@@ -45,15 +46,18 @@ from .convert_check import (SAMPLE, Probe, probe_batch, resolved_strategy, same_
                             widest, written_tolerance)
 
 RECIPE = "model.yaml"
-PRESETS = Path(__file__).resolve().parents[2] / "recipes" / "strategy"  # the presets a refusal checks
 PRESETS_TEXT = "recipes/strategy/"
+
+
+def presets_folder() -> Optional[Path]:
+    """The shipped strategy presets a refusal checks (inside the installed package, or a clone's ``recipes/``)."""
+    root = recipe_root()
+    return None if root is None else root / "strategy"
 
 
 def read_strategy(path: str | Path, eps: float) -> ScaleStrategy:
     """``model.strategy`` of a preset or recipe file; ``eps`` (the source's) unless the file sets it."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError("--strategy", str(path), "no such file", "give a preset such as recipes/strategy/hg.yaml")
+    p = recipe_file(path, "--strategy")  # a file, or a shipped preset's name: strategy/hg, recipes/strategy/hg.yaml
     data = yaml.safe_load(p.read_text()) or {}
     strat = (data.get("model") or {}).get("strategy") if isinstance(data, dict) else None
     if not isinstance(strat, dict):
@@ -145,12 +149,13 @@ def _transfer_checked(model: Transformer, source: Transformer, strategy: ScaleSt
 
 def exact_presets(model: Transformer, source: Transformer, probe: Probe, skip: ScaleStrategy,
                   spec: Optional[dict[str, Any]] = None) -> list[str]:
-    """The presets (``PRESETS``) that convert ``model`` exactly (a copy, or a float64 transfer without a listed
+    """The presets (``presets_folder``) that convert ``model`` exactly (a copy, or a float64 transfer without a listed
     change within ``tolerance`` that is also within ``written_tolerance`` in the model's dtype), ``skip`` left out:
     each one's conversion check, run. ``spec``: the model's as its checkpoint recorded it (``_build_target``)."""
     names, tol, dtype = [], tolerance(model.config), next(model.parameters()).dtype
     refused = resolved_strategy(model.config, skip)
-    for path in sorted(PRESETS.glob("*.yaml")) if PRESETS.is_dir() else []:
+    presets = presets_folder()
+    for path in sorted(presets.glob("*.yaml")) if presets is not None else []:
         try:
             strategy = read_strategy(path, model.strategy.eps)
             if resolved_strategy(model.config, strategy) == refused:
