@@ -17,6 +17,7 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -125,26 +126,53 @@ def test_a_full_disk_while_saving_exits_1_with_one_line_and_leaves_no_partial_fi
 
 
 # -- 128 + N -----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("signum, moment, group", [
-    (signal.SIGINT, "Workers are ready", True),  # Ctrl-C: the whole process group, litdata's workers too
-    (signal.SIGINT, "Finished data processing", False),  # between the train and the val optimize
-    (signal.SIGTERM, "Workers are ready", False),
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started (Linux: their parent pid in /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                if entry.isdigit() and int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _wait_for(proc: subprocess.Popen, split: str, workers: bool) -> str:
+    """Read prepare's stderr until its progress bar for ``split`` shows; with ``workers``, wait then until it
+    has forked litdata's workers (mid-optimize). Returns what was read."""
+    seen = ""
+    while f"prepare: tokenizing {split}" not in seen:
+        char = proc.stderr.read(1)
+        assert char, seen  # prepare ended first
+        seen += char
+    deadline = time.monotonic() + 60
+    while workers and not _children(proc.pid):
+        assert time.monotonic() < deadline and proc.poll() is None, seen
+        time.sleep(0.01)
+    return seen
+
+
+@pytest.mark.parametrize("signum, split, workers, group", [
+    (signal.SIGINT, "train", True, True),  # Ctrl-C: the whole process group, litdata's workers too
+    (signal.SIGINT, "val", False, False),  # between the train and the val optimize
+    (signal.SIGTERM, "train", True, False),
 ], ids=["SIGINT-group-mid-optimize", "SIGINT-between-optimizes", "SIGTERM-mid-optimize"])
-def test_a_signal_exits_128_plus_its_number(tmp_path, signum, moment, group):
-    """Sent when litdata's optimize has said ``moment`` on stdout (not after a guessed delay): litdata makes SIGINT
-    end the process with exit code 0 (the stop lost, the temporary sibling and its workers left) unless prepare
-    keeps the signals its own (data/workers.py)."""
+def test_a_signal_exits_128_plus_its_number(tmp_path, signum, split, workers, group):
+    """Sent at a known moment (not after a guessed delay): prepare's progress bar for ``split`` shows, and with
+    ``workers`` litdata's workers run. litdata makes SIGINT end the process with exit code 0 (the stop lost, the
+    temporary sibling and its workers left) unless prepare keeps the signals its own (data/workers.py)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "scalevec_lit", "prepare", "--output", str(tmp_path / "data")],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        for said in proc.stdout:
-            if said.startswith(moment):
-                break
+        seen = _wait_for(proc, split, workers)
         assert proc.poll() is None
         os.killpg(proc.pid, signum) if group else proc.send_signal(signum)
         _, stderr = proc.communicate(timeout=120)
+        stderr = seen + stderr
         line = _one_error(subprocess.CompletedProcess([], proc.returncode, "", stderr), 128 + signum)
         assert line == f"error: stopped by {signal.Signals(signum).name} during prepare: nothing was written (an " \
                        "output folder is left as it was); run the same command again"

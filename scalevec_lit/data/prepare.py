@@ -9,7 +9,8 @@ falls under ``val_fraction``. A row of a row format is one document, and goes to
 hash of (file, row) does. So the split is disjoint, reproducible and unchanged when files are added.
 Every document or segment is encoded with an end-of-text id appended, and the token stream is written
 with litdata's ``optimize`` (``TokensLoader``), in parallel workers over work units (files, or groups of
-parquet row groups). ``meta.json`` records the tokenizer, its vocabulary, the counts and every chunk
+parquet row groups), quietly: prepare shows its own progress bar per split (``unit_progress.py``), not litdata's
+lines. ``meta.json`` records the tokenizer, its vocabulary, the counts and every chunk
 (size, SHA-256: ``integrity.py``); the data module checks them. What prepare reads (binary and
 undecodable files) is in ``inputs.py``; where it writes (the output folder it owns, ``--overwrite``, all
 or nothing) in ``scalevec_lit/outdir.py``; an ``s3://`` output is written locally first and then uploaded
@@ -42,6 +43,7 @@ from .integrity import record_chunks
 from .remote import check_options, is_remote
 from .split import is_val, segments, share_note, split_text  # noqa: F401 - is_val, segments: for the tests
 from .tokenizer import DEFAULT_TEXT_DIR, DEFAULT_TOKENIZER, TEXT_SUFFIXES, Tokenizer
+from .unit_progress import mark_done, unit_progress
 
 META = "meta.json"
 #: where ``make prepare`` (and ``prepare`` without --output) writes the embedded corpus; ``recipes/smoke.yaml``
@@ -53,7 +55,7 @@ _TOKENIZERS: dict[str, Tokenizer] = {}
 
 def _tokenize_unit(
     unit: str, *, tokenizer: str, split: str, val_fraction: float, segment_chars: int, encoding: str = "utf-8",
-    text_field: str = "text", counts_dir: Optional[str] = None, balanced: bool = False,
+    text_field: str = "text", counts_dir: Optional[str] = None, balanced: bool = False, done_dir: Optional[str] = None,
 ) -> Iterator[torch.Tensor]:
     """The token tensors of one work unit (``formats.plan_units``, as JSON) that belong to ``split``."""
     spec = json.loads(unit)
@@ -64,12 +66,16 @@ def _tokenize_unit(
         for seg, val in split_text(text, rel, segment_chars, val_fraction, balanced):  # split.py
             if val == want_val:
                 yield torch.tensor(tok.encode(seg), dtype=torch.int32)
+        if done_dir is not None:  # the progress bar counts it (unit_progress.py)
+            mark_done(done_dir, spec["id"])
         return
     counts = RowCounts()
     for doc in iter_documents(spec, text_field, lambda row: is_val(rel, row, val_fraction) == want_val, counts):
         yield torch.tensor(tok.encode(doc), dtype=torch.int32)
     if counts_dir is not None:  # the workers are other processes: the counts come back through files
         (Path(counts_dir) / f"{split}-{spec['id']}.json").write_text(json.dumps({"rel": rel, **counts.to_json()}))
+    if done_dir is not None:
+        mark_done(done_dir, spec["id"])
 
 
 @contextmanager
@@ -171,6 +177,7 @@ def prepare(
                 _report_on_failure(scan.summary(root), counts_dir, text_field, rows):
             for balanced in (False, True):  # again, balanced, when the hash split left a split empty (split.py)
                 for split in ("train", "val"):
+                    done_dir = Path(counts_dir, f"done-{split}-{int(balanced)}")
                     fn = partial(
                         _tokenize_unit,
                         tokenizer=str(tok.path.resolve()),
@@ -181,8 +188,10 @@ def prepare(
                         text_field=text_field,
                         counts_dir=counts_dir,
                         balanced=balanced,
+                        done_dir=str(done_dir),
                     )
-                    with signals_stay_ours():  # workers.py: a stop signal stops, no worker outlives it
+                    # workers.py: a stop signal stops, no worker outlives it; unit_progress.py: the bar
+                    with signals_stay_ours(), unit_progress(split, len(units), done_dir):
                         optimize(
                             fn=fn,
                             inputs=[json.dumps(u) for u in units],
@@ -193,7 +202,7 @@ def prepare(
                             mode="overwrite",
                             start_method="fork" if os.name == "posix" else None,
                             keep_data_ordered=True,  # each worker a contiguous slice, in order: the same chunks each time
-                            verbose=True,
+                            verbose=False,  # litdata's own lines (unit_progress.py); its errors still raise
                         )
                     index = json.loads((dest / split / "index.json").read_text())
                     counts[split] = int(sum(c["dim"] or 0 for c in index["chunks"]))

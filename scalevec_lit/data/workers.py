@@ -125,7 +125,7 @@ def _reap(pid: int, timeout: float) -> None:
 
 
 def _end_progress_line() -> None:
-    """litdata's progress bar leaves stderr in the middle of a line; the command's one line starts on its own."""
+    """prepare's progress bar (``unit_progress.py``) is left in the middle of a line; the one line starts on its own."""
     try:
         sys.stderr.write("\n")
         sys.stderr.flush()

@@ -8,7 +8,9 @@ one folder of its own, ``<save_dir>/<recipe>[/<config>...]/version_N``:
   ``--config`` file's name without ``.yaml``; each further ``--config`` file adds its name as a subfolder
   (``runs/smoke``, ``runs/smoke/unified``);
 - ``version_N`` is the next free number (claimed with ``mkdir``, so that two runs started together get two
-  folders), and holds the TensorBoard events, ``config.yaml`` and ``checkpoints/`` of that run;
+  folders), and holds the logger's files (TensorBoard events, or ``metrics.csv``), ``config.yaml`` and
+  ``checkpoints/`` of that run (the run's first line names them: ``run folder: ... (metrics.csv, config.yaml
+  and checkpoints/; ...)``);
 - ``--ckpt_path last`` picks the newest ``version_N`` of that recipe holding a checkpoint and writes on
   there (the same command plus ``--ckpt_path last`` resumes the run it started); with nothing to resume it
   starts a new version, as Lightning does;
@@ -33,7 +35,7 @@ from ..runlock import checkpoints_in
 
 RUNS = "runs"
 ENV = "SCALEVEC_RUN_DIR"  # "<pid of the process that chose it>:<folder>", read by the processes it starts
-FILE_LOGGERS = ("TensorBoardLogger", "CSVLogger")  # loggers whose folder follows the run's
+FILE_LOGGERS = {"TensorBoardLogger": "TensorBoard events", "CSVLogger": "metrics.csv"}  # whose folder follows the run's
 LIGHTNING_NAME = "lightning_logs"  # the loggers' default name: not a name the recipe chose
 _VERSION = re.compile(r"^version_(\d+)$")
 
@@ -54,6 +56,22 @@ def _file_logger(trainer: Any) -> Optional[Any]:
         if class_path.rsplit(".", 1)[-1] in FILE_LOGGERS and _get(entry, "init_args") is not None:
             return entry
     return None
+
+
+def _logged_here(trainer: Any) -> Optional[str]:
+    """What the run's loggers write into its folder: the file logger's files, those of Lightning's default
+    logger (``trainer.logger`` unset or true: in ``lightning_logs/``), or nothing (no logger, or loggers that
+    write elsewhere: W&B, MLflow)."""
+    entry = _file_logger(trainer)
+    if entry is not None:
+        return FILE_LOGGERS[str(_get(entry, "class_path")).rsplit(".", 1)[-1]]
+    logger = _get(trainer, "logger", True)
+    if logger is not True:
+        return None
+    from importlib.util import find_spec
+
+    default = "TensorBoard events" if find_spec("tensorboard") or find_spec("tensorboardX") else "metrics.csv"
+    return f"{default} in {LIGHTNING_NAME}/"
 
 
 def family(config: Any) -> Path:
@@ -163,10 +181,15 @@ def resolve_run_folder(config: Any, subcommand: str) -> Optional[Path]:
     trainer["default_root_dir"] = str(folder)
     if inherited is None and is_rank_zero():
         resumed = str(_get(config, "ckpt_path", "")) == "last" and checkpoints_in(folder / "checkpoints")
+        files = ", ".join(filter(None, [_logged_here(trainer), "config.yaml"])) + " and checkpoints/"
         what = "resuming its newest checkpoint" if resumed else (
-            "TensorBoard events, config.yaml and checkpoints/" + ("; resume it with the same command and "
-                                                                  "--ckpt_path last" if subcommand == "fit" else ""))
+            files + ("; resume it with the same command and --ckpt_path last" if subcommand == "fit" else ""))
         print(f"run folder: {folder} ({what})", flush=True)
+    csv = args is not None and str(_get(logger, "class_path", "")).endswith("CSVLogger")
+    if csv and not (folder / "metrics.csv").exists():  # "previous log files ... will be deleted": none are
+        from ..known_warnings import filter_csv_log_dir
+
+        filter_csv_log_dir(str(folder))
     if args is not None:
         args["save_dir"], args["name"] = str(home.parent), home.name
         if version is not None:
