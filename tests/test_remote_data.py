@@ -170,7 +170,7 @@ def test_a_deleted_chunk_stops_at_start(s3, tmp_path):
 
 
 def test_an_altered_or_vanished_chunk_stops_on_download(s3, tmp_path):
-    """Same size, other bytes: found by the SHA-256 as the chunk arrives; deleted after the start: no such object.
+    """Same size, other bytes: found by the SHA-256 as the chunk arrives; deleted after the start: missing.
     Nothing corrupt is kept in the cache."""
     url = _copy(s3, "shakespeare", "altered")
     dm = _module(url, tmp_path, s3.options, shuffle=False)
@@ -191,7 +191,9 @@ def test_an_altered_or_vanished_chunk_stops_on_download(s3, tmp_path):
     dm.setup("fit")
     s3.client().delete_object(Bucket=BUCKET, Key="vanished/train/chunk-0-0.bin")
     text = _error(lambda: next(iter(dm.train_dataloader())))
-    assert text.startswith(f"data.data_dir: {url}/train/chunk-0-0.bin: downloading: no such object in the bucket")
+    assert text.startswith(f"data.data_dir: {url}/train/chunk-0-0.bin: missing: index.json lists this chunk (")
+    assert "but the bucket no longer has it (deleted after the run started); prepare that folder again: " in text
+    assert f" --output {url} " in text, text
     dm.teardown("fit")
 
 

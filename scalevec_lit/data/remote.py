@@ -213,12 +213,18 @@ class Remote:
                 while block := body.read(_BLOCK):
                     digest.update(block)
                     fh.write(block)
+            return True
 
         try:
-            self.call("downloading", rel, get)
-            have = tmp.stat().st_size
+            found = self.call("downloading", rel, get, missing_ok=True)
             url = join(self.url, rel)
             fix = fix or f"prepare that folder again: python -m scalevec_lit prepare ... --output {self.url} --overwrite"
+            if found is None:  # listed when the run checked the folder at its start: deleted since (a fit's chunk)
+                raise RunError(self.key, url, f"missing: index.json lists this chunk{f' ({size} bytes)' if size else ''}"
+                               " but the bucket no longer has it (deleted after the run started)", fix + (
+                                   "; a fit stopped by this resumes with --ckpt_path last once the folder is prepared "
+                                   "again from the same input" if self.resume_hint else ""))
+            have = tmp.stat().st_size
             if size is not None and have != int(size):
                 raise RunError(self.key, url, f"{have} bytes downloaded: prepare recorded {size} bytes in meta.json "
                                "(the object was replaced or cut short)", fix)
