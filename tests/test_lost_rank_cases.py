@@ -81,3 +81,33 @@ def test_a_rank_stopped_while_step_6_is_saved_is_named_at_step_6_and_the_lock_is
     assert Path(resumed).name == "step000006.ckpt" and step_on_disk(resumed) == 6
     assert took < PEER_TIMEOUT + 20, took
     print(f"stopped while saving: rank 0 stopped {took:.1f} s after rank 1 was stopped")
+
+
+@pytest.mark.parametrize("how", ["SIGSTOP"])
+def test_a_rank_lost_under_fsdp2_leaves_a_complete_dcp_checkpoint_that_resumes(prepared_data, tmp_path, how):
+    """FSDP2 on CPU/gloo (``ModelParallelStrategy``, ``data_parallel_size=2``): rank 1 lost in the middle of step 5;
+    rank 0 ends with the line and 75, the step-3 DCP folder is complete (checksums) and the same command with
+    ``--ckpt_path last`` (what the launcher's restart runs) resumes from it and finishes."""
+    from scalevec_lit.checkpoint.folder import folder_problem, step_on_disk
+
+    run = tmp_path / "run"
+    run.mkdir()
+    args = _fit_args(prepared_data, run, how) + FSDP2
+    code, out, took, left = _fit(args, run, tmp_path / "lost.txt")
+    ckpts = run / "checkpoints"
+    why = (f"no heartbeat for {PEER_TIMEOUT:g} s (killed, stopped, or its node is down)" if how == "SIGSTOP" else
+           "its process ended (killed by SIGKILL)")
+    assert code == 75 and not left, out[-3000:]
+    assert _errors(out) == [
+        f"error: rank 1: lost at step 5: {why}; this rank stopped (exit 75); the newest checkpoint is step 3 "
+        f"({ckpts / 'last.ckpt'}), the steps after it are lost; resume with the same command and --ckpt_path last "
+        "(launch/torchrun_fit.sh restarts by itself, MAX_RESTARTS times); a slow but healthy cluster needs a larger "
+        "--peer_timeout (seconds)"], out[-3000:]
+    assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt", "step000003.ckpt"]  # folders; no lock, no .tmp
+    for name in ("last.ckpt", "step000003.ckpt"):
+        assert (ckpts / name).is_dir() and folder_problem(ckpts / name) is None and step_on_disk(ckpts / name) == 3
+    print(f"FSDP2 {how}: rank 0 stopped {took:.1f} s after rank 1 was lost")
+    code, out, _, _ = _fit(args + ["--ckpt_path=last"], run, tmp_path / "resumed.txt")
+    assert code == 0 and not _errors(out), out[-3000:]
+    assert f"Restored all states from the checkpoint at {ckpts / 'last.ckpt'}" in out, out[-3000:]
+    assert step_on_disk(ckpts / "last.ckpt") == 10 and (ckpts / "step000009.ckpt").is_dir()
