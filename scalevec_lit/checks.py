@@ -113,6 +113,7 @@ def check_config(cfg: Any, subcommand: str) -> None:
         _check_learning_rate(cfg)
     _dedupe_callbacks(cfg)
     _check_local_folders(cfg)
+    _check_log_folders(cfg)
     if subcommand == "fit":
         _check_checkpointing(cfg)
 
@@ -166,6 +167,41 @@ def _check_local_folders(cfg: Any) -> None:
     for key, value in folders:
         if value is not None and "://" in str(value) and not (key.endswith("save_dir") and _opens(str(value))):
             raise UserError(key, value, why, fix)
+
+
+def _unwritable(value: Any) -> Any:
+    """Why this process cannot create or write the local folder ``value`` (``None``: it can, or a URL); nothing
+    is created: the nearest existing folder on its path must be a writable folder."""
+    import os
+
+    if value is None or "://" in str(value):
+        return None
+    path = Path(os.path.abspath(str(value)))
+    there = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
+    if not there.is_dir():
+        return f"Not a directory: {there}"
+    if not os.access(there, os.W_OK | os.X_OK):
+        read_only = bool(os.statvfs(there).f_flag & os.ST_RDONLY)
+        return f"{'Read-only file system' if read_only else 'Permission denied'}: {there}"
+    return None
+
+
+def _check_log_folders(cfg: Any) -> None:
+    """A logger's local ``save_dir`` that this process cannot create or write is refused at the start, in the line
+    ``trainer.default_root_dir`` gets (``runlock.acquire_folder``), not as a bare ``[Errno 30]`` at the first log.
+    The same fault on the run's folder is left to that line (one line per fault)."""
+    items = _get(cfg, "trainer.logger")
+    many = isinstance(items, list)
+    run_fault = _unwritable(_get(cfg, "trainer.default_root_dir"))
+    for item in items if many else [items]:
+        value = _get(item, "init_args.save_dir") if item not in (None, True, False) else None
+        why = _unwritable(value)
+        if why is None or why == run_fault:
+            continue
+        name = str(_get(item, "class_path", "")).rsplit(".", 1)[-1]
+        key = f"trainer.logger: {name}.save_dir" if many else "trainer.logger.init_args.save_dir"
+        raise UserError(key, value, f"cannot create the log folder ({why})",
+                        f"set {key} to a folder this process can create and write")
 
 
 def _opens(url: str) -> bool:

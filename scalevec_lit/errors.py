@@ -16,6 +16,8 @@ jsonargparse errors ``train_cli.py`` turns into one line): a missing or unknown 
 choice or a bad value is one line with its usage, not argparse's usage block.
 
 ``--debug`` (any position on the command line) or ``SCALEVEC_DEBUG=1`` shows the traceback instead.
+A dependency that fails to import is a broken install: one line names it, who imports it and the fix
+(``import_failure.py``; exit 1, or 2 when it is not installed at all).
 Anything else is a bug: one paragraph that says so, and how to see the traceback.
 
 Must not import Lightning or torch at module level (``prepare`` and ``export`` use it too).
@@ -116,8 +118,19 @@ class ErrorExit(SystemExit):
         return self.message
 
 
+def _known(err: BaseException) -> BaseException:
+    """``err``, or for an unexpected error raised by importing another package (a broken install of a
+    dependency, ``import_failure.py``) the one-line error that names it."""
+    if exit_code_for(err) is not None:
+        return err
+    from .import_failure import broken_import
+
+    return broken_import(err) or err
+
+
 def fail(err: BaseException) -> ErrorExit:
     """Print ``err`` as one paragraph; the ``SystemExit`` to raise (``raise fail(err) from None``)."""
+    err = _known(err)
     code = report(err)
     return ErrorExit(f"error: {one_paragraph(str(err))}", code)
 
@@ -164,6 +177,7 @@ def say(line: str) -> None:
 
 def report(err: BaseException) -> int:
     """Print ``err`` as one paragraph and return its exit code (1 for an unexpected error)."""
+    err = _known(err)
     code = exit_code_for(err)
     if "OutOfMemoryError" in {cls.__name__ for cls in type(err).__mro__}:
         say(f"error: device memory: {one_paragraph(str(err))[:300]}: out of memory; lower data.batch_size (a recipe "

@@ -34,7 +34,7 @@ from .cache import TOKENIZER, cache_bytes, mirror, register
 from .prepare import DEFAULT_OUTPUT, META
 from .remote import Remote, check_options, is_remote, join
 from .loader_workers import worker_args
-from .tokenizer import Tokenizer, data_tokenizer, same_tokenizer
+from .tokenizer import TEXT_SUFFIXES, Tokenizer, data_tokenizer, same_tokenizer
 
 
 def prepare_default_if_missing(data_dir: str, wait_s: float = 1800.0) -> bool:
@@ -57,7 +57,8 @@ def prepare_default_if_missing(data_dir: str, wait_s: float = 1800.0) -> bool:
     from .prepare import prepare
 
     print(f"data.data_dir: {data_dir} is not prepared yet: preparing the embedded Shakespeare corpus there (once; "
-          f"`make prepare` does the same){'; an earlier prepare there was interrupted' if interrupted else ''}",
+          f"`python -m scalevec_lit prepare` does the same)"
+          f"{'; an earlier prepare there was interrupted' if interrupted else ''}",
           file=sys.stderr, flush=True)
     prepare(output_dir=root, overwrite=interrupted)  # overwrite: removes only prepare's own files
     return True
@@ -229,11 +230,16 @@ class TokenDataModule(L.LightningDataModule):
             )
         if not meta.is_file():
             hint = (
-                "run `make prepare` (the embedded corpus)"
+                f"run `python -m scalevec_lit prepare --output {data_dir}` (the embedded corpus)"
                 if "shakespeare" in data_dir
                 else f"run `python -m scalevec_lit prepare --input <text folder> --output {data_dir}`"
             )
             what = "does not exist" if not root.exists() else f"has no {META} (not prepared)"
+            if root.is_dir() and any(p.suffix.lower() in TEXT_SUFFIXES for p in root.rglob("*")):  # text: beside it
+                out = f"{data_dir.rstrip('/')}-prepared"
+                what = f"has no {META}: a folder of text files, not prepared data"
+                hint = (f"prepare it into a folder of its own: `python -m scalevec_lit prepare --input {data_dir} "
+                        f"--output {out}`, then use --data.data_dir={out}")
             raise FileNotFoundError(f"data.data_dir: {data_dir!r} {what}; {hint}")
         for split in ("train", "val"):
             if not (root / split / "index.json").is_file():

@@ -143,6 +143,34 @@ def text_files(folder: str | Path, key: str = "input") -> list[Path]:
     return files
 
 
+def utf8_files(folder: str | Path) -> list[Path]:
+    """The text files of ``folder`` that the trainer can read (UTF-8): prepare's scan (``inputs.scan_inputs``)
+    skips a binary or undecodable file with a note naming it; none left is a ``ValueError`` naming the first
+    such file and the fix (the trainer stopped with ``stream did not contain valid UTF-8``, naming no file)."""
+    from ..errors import notice
+    from .inputs import scan_inputs
+
+    files = text_files(folder)
+    scan = scan_inputs(files, "utf-8", "skip")
+    root = Path(folder)
+    if scan.files:
+        for line in scan.summary(root):
+            notice(f"tokenizer train: {line} (the tokenizer reads UTF-8 text only)")
+        return scan.files
+    if scan.undecodable:
+        first, bad = next(iter(scan.undecodable.items()))
+        what, fix = f"{bad} bytes are not valid UTF-8", (
+            f"convert it to UTF-8 (e.g. iconv -f latin-1 -t utf-8 {first} > {first}.utf8 && mv {first}.utf8 "
+            f"{first}), or give a folder of UTF-8 text")
+    else:
+        first, what, fix = scan.binary[0], "a binary file, not text", "give a folder of UTF-8 text"
+    others = len(files) - 1
+    where = f"as are the other {others} file(s) of {str(folder)!r}" if others else \
+        f"the only text file of {str(folder)!r}"
+    raise ValueError(f"input: {first}: {what} ({where}: nothing to train on; the tokenizer reads UTF-8 text only); "
+                     f"{fix}")
+
+
 def train_bpe(folder: str | Path, out: str | Path, vocab_size: int = 4096, eos: str = "<|endoftext|>") -> Tokenizer:
     """Train a byte-level BPE on every text file of ``folder`` and save a standard ``tokenizer.json``."""
     from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
@@ -156,7 +184,7 @@ def train_bpe(folder: str | Path, out: str | Path, vocab_size: int = 4096, eos: 
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=True,
     )
-    tok.train([str(p) for p in text_files(folder)], trainer)
+    tok.train([str(p) for p in utf8_files(folder)], trainer)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tok.save(str(out))
