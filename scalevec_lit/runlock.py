@@ -6,7 +6,9 @@
   second run with the fix (wait, stop it, or give this run its own folder);
 - a lock left by a dead process on this host (a run killed with SIGKILL, a crashed node's restart on the
   same host) is stale, and so is one whose pid the system has since given to another process (the lock
-  records the process's start time, ``proc_start``, which then differs): it is taken over with a one-line note; a lock from another host cannot be checked
+  records the process's start time, ``proc_start``, which then differs; a lock of an older version, without
+  ``proc_start``, whose pid belongs to a process started after the lock was written, likewise): it is taken
+  over with a one-line note; a lock from another host cannot be checked
   from here, so the message names the host and says to remove the file if that run is gone;
 - a run that does not resume (no ``--ckpt_path``, or a checkpoint outside the folder) into a folder that
   already holds checkpoints of an earlier run is refused: ``--ckpt_path last`` then always resumes the
@@ -43,8 +45,34 @@ def _proc_start(pid: int) -> Optional[str]:
     return f"{boot}:{ticks}"
 
 
-def _holder_running(held: dict) -> tuple[bool, str]:
-    """Whether the run that wrote ``held`` still runs, and why not (``""`` when it does)."""
+def _started_at(pid: int) -> Optional[float]:
+    """When process ``pid`` started, in seconds since the epoch (``/proc``: boot time + its start ticks), or
+    ``None`` where ``/proc`` cannot tell."""
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19])
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
+
+
+def _written_at(held: dict, lock: Optional[Path]) -> Optional[float]:
+    """When the lock was written: its ``started`` (local time, to the second), else the file's modification time."""
+    try:
+        return time.mktime(time.strptime(str(held.get("started")), "%Y-%m-%d %H:%M:%S"))
+    except (ValueError, OverflowError):
+        pass
+    try:
+        return lock.stat().st_mtime if lock is not None else None
+    except OSError:
+        return None
+
+
+def _holder_running(held: dict, lock: Optional[Path] = None) -> tuple[bool, str]:
+    """Whether the run that wrote ``held`` still runs, and why not (``""`` when it does). A lock without
+    ``proc_start`` (written by a version before it was recorded) is compared by time: a process that started
+    after the lock was written is not the run that wrote it."""
     pid = int(held.get("pid", -1))
     if not alive(pid):
         return False, f"(pid {held.get('pid')})"
@@ -52,6 +80,13 @@ def _holder_running(held: dict) -> tuple[bool, str]:
     if recorded and now and recorded != now:
         return False, (f"(pid {pid} now belongs to another process, started after that run: the system reused "
                        "the number)")
+    if not recorded:
+        written, began = _written_at(held, lock), _started_at(pid)
+        if written is not None and began is not None and began > written + 2:  # 2 s: `started` is to the second
+            return False, (f"(pid {pid} now belongs to another process, started "
+                           f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(began))}, after the lock was written "
+                           f"at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(written))}: the system reused the "
+                           "number)")
     return True, ""
 
 
@@ -94,7 +129,7 @@ def acquire_folder(folder: str | Path, key: str = "trainer.default_root_dir", gi
                     "writes here, which cannot be checked from this host",
                     f"if that run is gone, delete {lock}; otherwise give this run its own folder ({key}=...)",
                 )
-            running, gone = _holder_running(held) if held else (False, "")
+            running, gone = _holder_running(held, lock) if held else (False, "")
             if running:
                 raise RunError(
                     f"checkpoint folder {folder}", "in use",
