@@ -9,10 +9,12 @@ cache folder of its own.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +29,7 @@ pytestmark = pytest.mark.slow  # torchrun processes, several fits
 STEPS, EVERY, KILL_AT = 9, 3, 5  # checkpoints at steps 3, 6, 9; rank 1 killed during step 5 (after 3 exists)
 
 
-def _fit_options(data: str, root: Path, kill: bool) -> list[str]:
+def _fit_options(data: str, root: Path, kill: bool, how: str = "SIGKILL") -> list[str]:
     ckpt = root / "ckpt.yaml"
     ckpt.write_text(
         "trainer:\n  callbacks:\n    - class_path: scalevec_lit.callbacks.SafeModelCheckpoint\n"
@@ -42,7 +44,7 @@ def _fit_options(data: str, root: Path, kill: bool) -> list[str]:
     ]
     if kill:
         options += ["--trainer.callbacks+=peer_probes.LoseRank", f"--trainer.callbacks.init_args.step={KILL_AT}",
-                    "--trainer.callbacks.init_args.signal=SIGKILL",
+                    f"--trainer.callbacks.init_args.signal={how}",
                     f"--trainer.callbacks.init_args.marker={root / 'lost.marker'}"]
     return options
 
@@ -63,8 +65,10 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _launch(s3, root: Path, nodes: int, per_node: int, restarts: int, kill: bool) -> list[tuple[int, str]]:
-    """Run ``launch/torchrun_fit.sh`` ``nodes`` times side by side (one per "node"); (exit code, output) each."""
+def _launch(s3, root: Path, nodes: int, per_node: int, restarts: int, kill: bool, how: str = "SIGKILL",
+            watch=None) -> list[tuple[int, str]]:
+    """Run ``launch/torchrun_fit.sh`` ``nodes`` times side by side (one per "node"); (exit code, output) each.
+    ``watch(procs)``, when given, runs in a thread of its own while they do (it ends before this returns)."""
     root.mkdir(parents=True)
     data = s3.url
     env = {**os.environ, **s3.env, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "PYTHONUNBUFFERED": "1",
@@ -72,15 +76,19 @@ def _launch(s3, root: Path, nodes: int, per_node: int, restarts: int, kill: bool
            "MASTER_PORT": str(free_port()), "MAX_RESTARTS": str(restarts), "PEER_TIMEOUT": "10",
            "RUN_ID": root.name, "TORCHRUN": str(Path(sys.executable).with_name("torchrun")), "PYTHONFAULTHANDLER": "1"}
     command = ["bash", str(ROOT / "launch" / "torchrun_fit.sh"), str(ROOT / "recipes" / "smoke.yaml"), "",
-               *_fit_options(data, root, kill)]
+               *_fit_options(data, root, kill, how)]
     procs = [subprocess.Popen(command, cwd=ROOT, env={**env, "SCALEVEC_CACHE_DIR": str(root / f"cache-node{node}")},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
              for node in range(nodes)]
-    results = []
+    results, watching = [], threading.Thread(target=watch, args=(procs,), daemon=True) if watch else None
     try:
+        if watching:
+            watching.start()
         for proc in procs:
             out, _ = finish(proc, 420)
             results.append((proc.returncode, out))
+        if watching:
+            watching.join(60)
     finally:
         for proc in procs:
             for pid in [*_descendants(proc.pid), proc.pid]:
@@ -144,3 +152,47 @@ def test_a_killed_rank_restarts_from_the_newest_checkpoint_and_finishes_bitwise(
     assert sorted(p.name for p in root.iterdir() if p.name.startswith("cache-node")) == [
         f"cache-node{n}" for n in range(nodes)]  # each "node" read the bucket through its own cache
     print(f"{nodes}x{per_node}: killed, restarted and finished in {took:.0f} s")
+
+
+def test_a_stopped_rank_ends_the_group_with_75_and_torchrun_restarts_it(s3, tmp_path, uninterrupted):
+    """Rank 1 stopped (SIGSTOP) during step 5 under ``launch/torchrun_fit.sh`` (one torchrun, 2 processes): it is
+    alive for torchrun, so rank 0's heartbeat ends the group (its line, exit 75); torchrun then stops the workers
+    (the stopped one takes its 30-second grace and SIGKILL), starts them again from the step-3 checkpoint, and the
+    job finishes with the uninterrupted weights. No worker is left behind."""
+    root, seen = tmp_path / "stopped", {}
+
+    def watch(procs):  # when rank 0 (the worker that is not the stopped one) and the stopped worker end
+        marker, deadline = root / "lost.marker", time.monotonic() + 300
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stopped = seen["lost"] = int(marker.read_text())
+        workers = [p for p in _descendants(procs[0].pid) if "scalevec_lit" in _cmdline(p) and p != stopped]
+        for name, pids in (("rank 0", workers), ("stopped", [stopped])):
+            while any(_cmdline(p) for p in pids) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            seen[name] = time.time() - marker.stat().st_mtime
+
+    try:
+        (code, out), = _launch(s3, root, 1, 2, 1, kill=True, how="SIGSTOP", watch=watch)
+    finally:
+        for signum in (signal.SIGCONT, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError, KeyError):
+                os.kill(seen["lost"], signum)
+    assert code == 0, out[-6000:]
+    assert out.count("error: rank 1: lost at step 5: no heartbeat for 10 s (killed, stopped, or its node is down); "
+                     "this rank stopped (exit 75); the newest checkpoint is step 3 (") == 1, out[-6000:]
+    assert out.count("failed (exitcode: 75) local_rank: 0") == 1, out[-6000:]  # torchrun saw rank 0's 75
+    assert out.count(f"Restored all states from the checkpoint at {root / 'checkpoints' / 'last.ckpt'}") == 1
+    _assert_same(_final(root), uninterrupted)
+    assert not _cmdline(seen["lost"]), f"the stopped rank {seen['lost']} outlived the job"
+    print(f"SIGSTOP under torchrun: rank 0 ended {seen['rank 0']:.1f} s after rank 1 was stopped, the stopped rank "
+          f"{seen['stopped']:.1f} s after")
+
+
+def _cmdline(pid: int) -> str:
+    """The command line of a live process (not a zombie), else ``""``."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return "" if state in ("Z", "X") else Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except (OSError, IndexError):
+        return ""
