@@ -60,9 +60,24 @@ def test_refusals_name_the_option_and_the_value(sources, tmp_path):
     train, val = sources
     with pytest.raises(ValueError, match=r"--val: .*also given as --train; validation must come from other sources"):
         prepare_heldout([str(train), str(val)], [str(val)], str(DEFAULT_TOKENIZER), str(tmp_path / "o"))
-    with pytest.raises(ValueError, match=r"--val-sample: 1.0: must lie strictly between 0 and 1"):
-        prepare_heldout([str(train)], [str(val)], str(DEFAULT_TOKENIZER), str(tmp_path / "o"), val_sample=1.0)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match=rf"--val-sample: {bad}: must lie above 0 and at most 1 .*1 keeps all"):
+            prepare_heldout([str(train)], [str(val)], str(DEFAULT_TOKENIZER), str(tmp_path / "o"), val_sample=bad)
     assert not (tmp_path / "o").exists()
+
+
+def test_val_sample_1_keeps_all_of_the_validation_text(sources, tmp_path):
+    """``--val-sample 1``: the val split is every token of the validation inputs (both splits of prepare's run)."""
+    train, val = sources
+    kw = dict(segment_chars=200, chunk_tokens=256, num_workers=1)
+    meta = prepare_heldout([str(train)], [str(val)], str(DEFAULT_TOKENIZER), str(tmp_path / "o"), val_sample=1.0, **kw)
+    ref = prepare(val, DEFAULT_TOKENIZER, tmp_path / "ref", SET_ASIDE, **kw)
+    everything = _read(tmp_path / "ref" / "train") + _read(tmp_path / "ref" / "val")
+    assert _read(tmp_path / "o" / "val") == everything
+    assert meta["tokens"]["val"] == len(everything) == ref["tokens"]["train"] + ref["tokens"]["val"]
+    on_disk = json.loads((tmp_path / "o" / "meta.json").read_text())
+    assert on_disk["heldout"]["val_sample"] == 1.0 and on_disk["heldout"]["unused_tokens"]["val_inputs"] == 0
+    assert check_prepared(str(tmp_path / "o"), on_disk, verify="checksums") == "checksums"
 
 
 def test_cli_prints_the_counts(sources, tmp_path, capsys):
