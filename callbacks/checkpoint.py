@@ -46,6 +46,20 @@ from ._stop_signals import StopSignals
 __all__ = ["SafeModelCheckpoint", "SafeCheckpointIO"]
 
 
+def __getattr__(name: str):
+    """``STOP_SIGNALS`` (here until 0.2.0): a deprecated alias of ``scalevec_lit.stopsignal.STOP_SIGNALS``,
+    removed in 0.3.0."""
+    if name == "STOP_SIGNALS":
+        import warnings
+
+        from scalevec_lit.stopsignal import STOP_SIGNALS
+        warnings.warn("scalevec_lit.callbacks.checkpoint.STOP_SIGNALS is deprecated since 0.2.0 and will be removed "
+                      "in 0.3.0; import STOP_SIGNALS from scalevec_lit.stopsignal instead",
+                      DeprecationWarning, stacklevel=2)
+        return STOP_SIGNALS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class SafeCheckpointIO(TorchCheckpointIO):
     """Torch checkpoints written atomically and read with a clear error; ``async_save``: written by a
     background thread from a copy (``_async_write.py``)."""

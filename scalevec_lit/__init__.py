@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # ``scalevec_lit.callbacks`` is the repository's top-level ``callbacks/`` folder. A wheel copies it into the
 # package and an editable install maps it (both through ``package-dir`` in pyproject.toml); a plain source
