@@ -79,7 +79,7 @@ def test_a_chunk_download_that_fails_mid_fit_is_one_line_and_keeps_the_checkpoin
     chunk = line.split(f"{url}/train/", 1)[1].split(":", 1)[0]
     assert line.startswith(f"error: data.data_dir: {url}/train/chunk-") and chunk not in cached, line  # downloaded
     if fault == "server stopped":
-        assert f": downloading failed 2 times, the last with EndpointConnectionError: " in line, line
+        assert ": downloading failed 2 times, the last with EndpointConnectionError: " in line, line
         assert line.endswith(f"(endpoint {own.endpoint}); check that the endpoint is up and reachable (AWS_ENDPOINT_URL "
                              "or data.storage_options endpoint_url); a fit stopped by this resumes with --ckpt_path "
                              "last once it is back"), line
