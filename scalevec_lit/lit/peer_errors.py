@@ -11,6 +11,8 @@ Plain Python: no torch, no Lightning, no threads.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from ..errors import RunError
 
 PEER_LOST_EXIT = 75  # EX_TEMPFAIL: a temporary failure; the same command (--ckpt_path last) resumes
@@ -29,8 +31,10 @@ class PeerLostError(RunError):
     leave_at_once = True
 
 
-def lost_error(lost: list[int], step: int, how: str, newest: str = "") -> PeerLostError:
-    ranks = ", ".join(str(r) for r in lost)
+def lost_error(lost: list[int], step: int, how: str, newest: str = "", hosts: Optional[dict] = None) -> PeerLostError:
+    """``hosts``: rank -> host name, for the lost ranks on another host than this rank's (several nodes)."""
+    hosts = hosts or {}
+    ranks = ", ".join(f"{r} (host {hosts[r]})" if r in hosts else str(r) for r in lost)
     return PeerLostError(
         f"rank {ranks}", f"lost at step {step}",
         f"{how}; this rank stopped (exit {PEER_LOST_EXIT}); {newest or 'no checkpoint was written yet'}",

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -74,6 +75,33 @@ def _store_client(timeout: float):
     return dist.PrefixStore(prefix, store)
 
 
+class _Call:
+    """One store call in a thread of its own, waited for at most a bound by the caller: a ``TCPStore`` client call
+    to a host cut off from this one (its link down: no reset, no answer) blocks far beyond the client's timeout
+    (over 90 s with a 5 s timeout, measured), and the watchdog must still see the silence and leave."""
+
+    def __init__(self, fn) -> None:
+        self.done = threading.Event()
+        self.result, self.error = None, None
+        self.thread = threading.Thread(target=self._run, args=(fn,), name="scalevec-peer-store", daemon=True)
+        self.thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self.result = fn()
+        except BaseException as err:  # noqa: BLE001 - handed to the caller
+            self.error = err
+        finally:
+            self.done.set()
+
+    def wait(self, seconds: float):
+        if not self.done.wait(seconds):
+            raise TimeoutError(f"the rendezvous store did not answer in {seconds:g} s")
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
 class PeerWatch(Callback):
     """Heartbeat and watchdog of one rank during ``fit`` (added by the CLI; nothing to configure here)."""
 
@@ -89,6 +117,8 @@ class PeerWatch(Callback):
         self._thread: Optional[threading.Thread] = None
         self._store = None
         self._trainer = None
+        self._call: Optional[_Call] = None  # the watchdog's store call in flight
+        self._hosts: dict[int, str] = {}  # rank -> its host's name, as that rank published it
 
     # -- Lightning hooks ---------------------------------------------------------------------------------
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -110,6 +140,8 @@ class PeerWatch(Callback):
         self._seen = {r: (-1, now) for r in range(self.world) if r != self.rank}
         self._store_ok = now
         self._beat()
+        with suppress(Exception):  # the line then names the rank without its host
+            self._store.set(f"host/{self.rank}", socket.gethostname())
         self._thread = threading.Thread(target=self._run, name="scalevec-peer-watch", daemon=True)
         self._thread.start()
         _active = self
@@ -164,6 +196,8 @@ class PeerWatch(Callback):
                 continue
             current = self._store.add(f"beat/{peer}", 0)
             self._seen[peer] = (current, now) if current != count else (count, moved)
+            if peer not in self._hosts and self._store.check([f"host/{peer}"]):
+                self._hosts[peer] = self._store.get(f"host/{peer}").decode(errors="replace")
         # a peer is watched once it has beaten (one still starting is left to the process group's timeout)
         return sorted(p for p, (count, moved) in self._seen.items() if count > 0 and now - moved >= self.timeout)
 
@@ -172,9 +206,11 @@ class PeerWatch(Callback):
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
+            if self._call is None or self._call.done.is_set():  # else the last call still waits for an answer
+                self._call = _Call(self._poll)
             try:
-                lost = self._poll()
-            except Exception:  # noqa: BLE001 - the store's host is gone or not answering
+                lost = self._call.wait(self.store_timeout)
+            except Exception:  # noqa: BLE001 - the store's host is gone, cut off, or not answering
                 if time.monotonic() - self._store_ok >= self.timeout:
                     self._lost_now(self._store_host(), "the rendezvous store stopped answering")
                 continue
@@ -192,11 +228,16 @@ class PeerWatch(Callback):
         newest = self._newest_checkpoint()
         self._release_lock()
         host = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-        if say(lost_error(lost, self.step, how, newest) if lost else
+        if say(lost_error(lost, self.step, how, newest, self.other_hosts()) if lost else
                unnamed_error(self.step, how, f"its host {host}, torchrun's agent on the first node, is down or stopped",
                              newest)):
             kill_children(self._trainer)  # Lightning's launcher: no child rank outlives this one (``_observer.py``)
             os._exit(PEER_LOST_EXIT)
+
+    def other_hosts(self) -> dict[int, str]:
+        """The hosts of the ranks on another host than this one (named in the line): none on one machine."""
+        mine = socket.gethostname()
+        return {rank: host for rank, host in self._hosts.items() if host != mine}
 
     def _finish_writes(self) -> None:
         """Complete a one-file checkpoint being written in the background (no other rank needed): the line names it."""
@@ -240,11 +281,13 @@ class PeerWatch(Callback):
         watchdog to leave the store call it may be in (module docstring; a failed call ends its poll)."""
         global _active
         if self._store is not None and not self._stop.is_set():
-            with suppress(Exception):  # the store's host may be gone already
-                self._store.add(f"done/{self.rank}", 1)
+            with suppress(Exception):  # the store's host may be gone (or cut off) already
+                _Call(lambda: self._store.add(f"done/{self.rank}", 1)).wait(self.store_timeout)
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(self.store_timeout + 1.0)
+        if self._call is not None:
+            self._call.thread.join(self.store_timeout + 1.0)
         if _active is self:
             _active = None
 
@@ -256,10 +299,10 @@ class PeerWatch(Callback):
             return ended
         peers = [r for r in range(self.world) if r != self.rank]
         try:
-            before = self._counters(peers)
+            before = _Call(lambda: self._counters(peers)).wait(self.store_timeout)
             time.sleep(max(3 * self.interval, 1.0))
-            after = self._counters(peers)
-        except Exception:  # noqa: BLE001 - the store's host is gone
+            after = _Call(lambda: self._counters(peers)).wait(self.store_timeout)
+        except Exception:  # noqa: BLE001 - the store's host is gone or cut off
             return self._store_host(), "the rendezvous store stopped answering"
         lost = [p for p in peers if after[p] == before[p] and not after[p][1]]
         if lost:
@@ -330,7 +373,7 @@ def translate() -> Iterator[None]:
         newest = watch._newest_checkpoint()
         failure = (str(err).splitlines() or [type(err).__name__])[0][:200]
         kill_children(watch._trainer)  # Lightning kills them on Ctrl-C only; this rank leaves by ``os._exit``
-        raise (lost_error(lost, watch.step, how, newest) if lost else
+        raise (lost_error(lost, watch.step, how, newest, getattr(watch, "other_hosts", dict)()) if lost else
                unnamed_error(watch.step, failure, how, newest)) from err
 
 
