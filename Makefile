@@ -13,7 +13,17 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= auto
 PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-.PHONY: fit test test-fast install prepare clean tensorboard benchmark
+.PHONY: fit test test-fast install prepare clean tensorboard benchmark slurm
+
+# SLURM and munge (Debian's slurm-wlm, munge): tests/test_slurm.py starts a one-node cluster of its own on this
+# machine. Installed with apt-get where the set-up runs as root (CI does); elsewhere it says what to run.
+slurm:
+	@if [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] && command -v sbatch >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing slurm-wlm and munge (apt-get) for tests/test_slurm.py"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge >/dev/null; }; \
+	else echo "warning: SLURM is not installed and this is not root: tests/test_slurm.py will fail; run as root: apt-get install slurm-wlm munge"; fi
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,7 +43,7 @@ prepare: $(STAMP)
 fit: prepare
 	$(BIN)/python -m scalevec_lit fit --config recipes/smoke.yaml
 
-test: $(STAMP)
+test: $(STAMP) slurm
 	$(PYTEST) --durations=30 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)

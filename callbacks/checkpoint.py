@@ -34,7 +34,8 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from scalevec_lit.lit import reshard
-from scalevec_lit.runlock import LOCK, acquire_folder, check_lineage, moved_folder_state, release_folder
+from scalevec_lit.runlock import (LOCK, acquire_folder, check_folder_free, check_lineage, moved_folder_state,
+                                  release_folder)
 from scalevec_lit.checkpoint.folder import check_verify, newest_checkpoint
 from scalevec_lit.checkpoint.verify import MismatchedCheckpointError, unreadable, verify_checkpoint, write_failure
 
@@ -150,6 +151,9 @@ def lock_checkpoint_folders(trainer, ckpt_path: Any = None) -> None:
             cb.resume_from = None if ckpt_path is None else str(ckpt_path)
             if trainer.is_global_zero:
                 cb.lock_early(trainer)
+            else:  # the other ranks of a launched group: the same refusal, before they wait for rank 0
+                cb._stable_dirpath(trainer)
+                check_folder_free(cb.dirpath)
 
 
 def stopped_by_signal(trainer) -> int:

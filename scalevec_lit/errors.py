@@ -125,7 +125,11 @@ def _known(err: BaseException) -> BaseException:
         return err
     from .import_failure import broken_import
 
-    return broken_import(err) or err
+    found = broken_import(err)
+    if found is None:
+        return err
+    missing, args = found
+    return UserError(*args) if missing else RunError(*args)
 
 
 def fail(err: BaseException) -> ErrorExit:

@@ -16,8 +16,6 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from .errors import RunError, UserError
-
 _OURS = ("scalevec_lit", "callbacks", "__main__", "runpy", "importlib", "_frozen_importlib",
          "_frozen_importlib_external")
 
@@ -48,9 +46,10 @@ def _fix(name: str) -> str:
             f"{name}), or pip uninstall -y {name} if nothing you run needs it")
 
 
-def broken_import(err: BaseException) -> Optional[UserError]:
-    """The one-line error for ``err`` when it was raised by importing a package other than this library; ``None``
-    for any other error (see the module docstring)."""
+def broken_import(err: BaseException) -> Optional[tuple[bool, tuple[str, str, str, str]]]:
+    """For ``err`` raised by importing a package other than this library: whether that package is missing (a
+    ``UserError``, exit 2) or broken (a ``RunError``, exit 1), and the error's key, value, what is wrong and the fix
+    (``errors.py`` makes the error: this module is below it); ``None`` for any other error (the module docstring)."""
     frames, tb = [], err.__traceback__
     while tb is not None:
         frames.append(tb.tb_frame)
@@ -79,7 +78,7 @@ def broken_import(err: BaseException) -> Optional[UserError]:
     what = f"{failing}{' ' + version if version else ''}"
     cause = f"{type(err).__name__}: {' '.join(str(err).split())}"
     if missing:
-        return UserError(failing, cause, f"{failing} is not installed ({by}): the installed packages are "
-                         "incomplete, not a bug in scalevec_lit", f"pip install {failing}")
-    return RunError(failing, cause, f"importing the installed package {what} fails ({by}): a broken or "
-                    "mismatched install of that package, not a bug in scalevec_lit", _fix(failing))
+        return True, (failing, cause, f"{failing} is not installed ({by}): the installed packages are "
+                      "incomplete, not a bug in scalevec_lit", f"pip install {failing}")
+    return False, (failing, cause, f"importing the installed package {what} fails ({by}): a broken or "
+                   "mismatched install of that package, not a bug in scalevec_lit", _fix(failing))

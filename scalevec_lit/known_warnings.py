@@ -28,6 +28,12 @@ summary back).
   and the only file the logger deletes there is an earlier ``metrics.csv``. Filtered for that run folder
   only, and only when it holds no ``metrics.csv`` (a resumed run's, which the logger does delete, is still
   warned about).
+- ``The `srun` command is available on your system but is not used. HINT: ...`` (``PossibleUserWarning``,
+  ``lightning/fabric/plugins/environments/slurm.py``), on any machine where SLURM is installed (a cluster's
+  login node) whenever ``fit`` runs outside a SLURM job: Lightning warns in case the user meant to launch the
+  ranks of an allocation with ``srun``. Inside an allocation (``sbatch``, ``salloc``) SLURM sets
+  ``SLURM_NTASKS`` and the warning never fires, so where it fires the run is one launched outside SLURM, whose
+  processes Lightning (or torchrun) starts itself; ``launch/slurm_fit.sbatch`` is what runs under SLURM.
 - The ``litlogger`` tip (a log record of ``lightning.pytorch``'s logger connector, an advertisement printed
   on every run that does not use Lightning's cloud logger): dropped by a ``logging`` filter on the two
   loggers that can emit it, matching its text.
@@ -49,6 +55,8 @@ EPOCH_SYNC = r"It is recommended to use `self\.log\('val/([^']+/)?(loss|ppl)', \
 EPOCH_SYNC_MODULE = r"lightning\.pytorch\.trainer\.connectors\.logger_connector\.result"
 CSV_LOG_DIR = "Experiment logs directory {} exists and is not empty\\. Previous log files"
 CSV_LOG_DIR_MODULE = r"lightning\.fabric\.loggers\.csv_logs"
+SRUN_UNUSED = r"The `srun` command is available on your system but is not used\."
+SRUN_UNUSED_MODULE = r"lightning\.fabric\.plugins\.environments\.slurm"
 RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
 
 
@@ -62,6 +70,7 @@ def filter_lightning_internals() -> None:
     when ``scalevec_lit.lit`` is imported)."""
     warnings.filterwarnings("ignore", message=LEAFSPEC, category=FutureWarning, module=LEAFSPEC_MODULE)
     warnings.filterwarnings("ignore", message=EPOCH_SYNC, module=EPOCH_SYNC_MODULE)
+    warnings.filterwarnings("ignore", message=SRUN_UNUSED, module=SRUN_UNUSED_MODULE)
     for name in RANK_ZERO_LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropLitLoggerTip) for f in logger.filters):

@@ -1,6 +1,7 @@
 """One run owns its checkpoint folder: ``run.lock`` (pid, host, start time, command) in that folder.
 
-``acquire_folder`` is called by ``SafeModelCheckpoint`` at fit start (on global rank 0):
+``acquire_folder`` is called by ``SafeModelCheckpoint`` at fit start (on global rank 0; the other ranks of a group
+that SLURM or torchrun started together refuse the same folder with ``check_folder_free`` before the group meets):
 
 - the lock file is created atomically (``O_CREAT | O_EXCL``); a lock held by a live process refuses the
   second run with the fix (wait, stop it, or give this run its own folder);
@@ -114,7 +115,7 @@ def acquire_folder(folder: str | Path, key: str = "trainer.default_root_dir", gi
                         f"set {setting} to a folder this process can create and write") from None
     lock = folder / LOCK
     mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": " ".join(sys.argv)[:500], "proc_start": _proc_start(os.getpid())}
+            "command": " ".join(sys.argv)[:500], "proc_start": _proc_start(os.getpid()), "launch": launch_id()}
     for _ in range(3):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -122,21 +123,8 @@ def acquire_folder(folder: str | Path, key: str = "trainer.default_root_dir", gi
             held = _read(lock)
             if held.get("pid") == mine["pid"] and held.get("host") == mine["host"]:
                 break  # this process already holds it (a second fit in the same process)
-            if held and held.get("host") != mine["host"]:
-                raise RunError(
-                    f"checkpoint folder {folder}", "in use",
-                    f"{lock} says a run on host {held.get('host')} (pid {held.get('pid')}, started {held.get('started')}) "
-                    "writes here, which cannot be checked from this host",
-                    f"if that run is gone, delete {lock}; otherwise give this run its own folder ({key}=...)",
-                )
-            running, gone = _holder_running(held, lock) if held else (False, "")
-            if running:
-                raise RunError(
-                    f"checkpoint folder {folder}", "in use",
-                    f"another run (pid {held['pid']}, started {held.get('started')}) is writing its checkpoints here",
-                    f"wait for it to end or stop it (it saves a checkpoint on Ctrl-C/SIGTERM), or give this run its "
-                    f"own folder: --{key}=<another folder> (and another --trainer.logger.init_args.name)",
-                )
+            _refuse_if_held(folder, lock, held, key)
+            gone = _holder_running(held, lock)[1] if held else ""
             notice(f"{lock}: taking over the lock of a run that is no longer running {gone or '(unreadable lock)'}")
             lock.unlink(missing_ok=True)
             continue
@@ -147,6 +135,46 @@ def acquire_folder(folder: str | Path, key: str = "trainer.default_root_dir", gi
             json.dump(mine, fh)
         break
     return lock
+
+
+def launch_id() -> Optional[str]:
+    """The start of a group of processes a launcher made together: a SLURM job's start (job id and restart count)
+    or a torchrun group's (run id and restart count); ``None`` for a process started on its own."""
+    if os.environ.get("SLURM_JOB_ID") and int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
+        return f"slurm:{os.environ['SLURM_JOB_ID']}:{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        return f"torchrun:{os.environ['TORCHELASTIC_RUN_ID']}:{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return None
+
+
+def check_folder_free(folder: str | Path, key: str = "trainer.default_root_dir") -> None:
+    """On the other ranks of a launched group (``launch_id``), before the processes meet: refuse, as rank 0 does,
+    a folder whose lock a live run of another launch holds. Rank 0 stops at its refusal before the group's
+    rendezvous, so without this the other ranks waited for it until the rendezvous timed out. Reads only; a lock of
+    this launch (rank 0's, written first) passes."""
+    mine = launch_id()
+    lock = Path(folder) / LOCK
+    held = _read(lock) if mine is not None and lock.is_file() else {}
+    if held and held.get("launch") != mine:
+        _refuse_if_held(Path(folder), lock, held, key)
+
+
+def _refuse_if_held(folder: Path, lock: Path, held: dict, key: str) -> None:
+    """The refusal of a folder whose lock ``held`` belongs to a run on another host or to a live process."""
+    if held and held.get("host") != socket.gethostname():
+        raise RunError(
+            f"checkpoint folder {folder}", "in use",
+            f"{lock} says a run on host {held.get('host')} (pid {held.get('pid')}, started {held.get('started')}) "
+            "writes here, which cannot be checked from this host",
+            f"if that run is gone, delete {lock}; otherwise give this run its own folder ({key}=...)",
+        )
+    if held and _holder_running(held, lock)[0]:
+        raise RunError(
+            f"checkpoint folder {folder}", "in use",
+            f"another run (pid {held['pid']}, started {held.get('started')}) is writing its checkpoints here",
+            f"wait for it to end or stop it (it saves a checkpoint on Ctrl-C/SIGTERM), or give this run its "
+            f"own folder: --{key}=<another folder> (and another --trainer.logger.init_args.name)",
+        )
 
 
 def check_lineage(folder: str | Path, resume_from: Optional[str], key: str = "trainer.default_root_dir") -> None:

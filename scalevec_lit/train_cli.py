@@ -126,12 +126,18 @@ class ScaleVecCLI(LightningCLI):
             resolve_run_folder(self.config[self.subcommand], self.subcommand)  # one folder per run (issue 26)
 
     def before_fit(self) -> None:
+        from scalevec_lit.callbacks._resume_last import nothing_to_resume
         from scalevec_lit.callbacks.checkpoint import lock_checkpoint_folders
 
-        lock_checkpoint_folders(self.trainer, self.config[self.subcommand].get("ckpt_path"))
+        ckpt_path = self.config[self.subcommand].get("ckpt_path")
+        if nothing_to_resume(self.trainer, ckpt_path):  # a first start with --ckpt_path last: from step 0, no warning
+            ckpt_path = self.config_init[self.subcommand]["ckpt_path"] = None
+        lock_checkpoint_folders(self.trainer, ckpt_path)
 
     def instantiate_trainer(self, **kwargs):
         from scalevec_lit.callbacks.checkpoint import install_checkpoint_io
+
+        from .lit.cluster import leave_requeue_to_the_job
 
         try:
             trainer = super().instantiate_trainer(**kwargs)
@@ -144,6 +150,7 @@ class ScaleVecCLI(LightningCLI):
                 raise
             raise UsageError(line) from None
         install_checkpoint_io(trainer)  # atomic writes, clear errors for corrupt files
+        leave_requeue_to_the_job(trainer)  # under SLURM: launch/slurm_fit.sbatch requeues, not Lightning too
         if self.subcommand == "fit":  # issue 34 item 4: a lost rank stops the others in bounded time (lit/peers.py)
             from .lit.peers import TIMEOUT_KEY, install
 
