@@ -5,7 +5,7 @@ folder, and a checkpoint on SIGINT/SIGTERM/SIGUSR1.
   last`` resumes a killed run from the newest complete checkpoint there, whatever its name. Without a
   ``default_root_dir`` each run gets its own ``runs/<recipe>[/<config>...]/version_N`` (``lit/runfolder.py``),
   and ``--ckpt_path last`` picks the newest version holding a checkpoint;
-- files are written as ``<name>.tmp`` and renamed (``SafeCheckpointIO``, which the CLI installs on every
+- files are written as ``<name>.tmp`` and renamed (``SafeCheckpointIO``, ``_checkpoint_io.py``, which the CLI installs on every
   trainer whose strategy uses the default torch checkpoint IO, and which turns an unreadable file into a
   ``CheckpointError`` naming it), distributed (DCP) checkpoint folders likewise (``replace_directory``),
   so a crash while saving keeps the last good one;
@@ -23,13 +23,10 @@ The checkpoint code of the library lives here, except two Lightning-free parts o
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
-import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -37,10 +34,9 @@ from scalevec_lit.lit import reshard
 from scalevec_lit.runlock import (LOCK, acquire_folder, check_folder_free, check_lineage, moved_folder_state,
                                   release_folder)
 from scalevec_lit.checkpoint.folder import check_verify, newest_checkpoint
-from scalevec_lit.checkpoint.verify import MismatchedCheckpointError, unreadable, verify_checkpoint, write_failure
 
-from ._async_write import (AsyncSaves, BackgroundWriter, DistributedAsync, raise_write_failure, record_checksums,
-                           snapshot)
+from ._async_write import AsyncSaves, DistributedAsync, raise_write_failure, record_checksums
+from ._checkpoint_io import SafeCheckpointIO, install_checkpoint_io, replace_directory  # noqa: F401 - re-exported
 from ._final_save import FinalSave
 from ._stop_signals import StopSignals
 
@@ -59,87 +55,6 @@ def __getattr__(name: str):
                       DeprecationWarning, stacklevel=2)
         return STOP_SIGNALS
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class SafeCheckpointIO(TorchCheckpointIO):
-    """Torch checkpoints written atomically and read with a clear error; ``async_save``: written by a
-    background thread from a copy (``_async_write.py``)."""
-
-    def __init__(self, async_save: bool = False) -> None:
-        super().__init__()
-        self.async_save = async_save
-        self.writer = BackgroundWriter()
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
-        if storage_options is not None or "://" in str(path):  # remote storage: fsspec's own transaction
-            self.writer.wait()
-            return super().save_checkpoint(checkpoint, path, storage_options)
-        if self.async_save:
-            copied = snapshot(checkpoint)
-            self.writer.submit(lambda: self._write(copied, path))
-        else:
-            self.writer.wait()
-            self._write(checkpoint, path)
-
-    def _write(self, checkpoint: dict[str, Any], path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        # written straight into the checkpoint's folder: Lightning's own writer first serializes the whole
-        # checkpoint in memory and stages it in $TMPDIR, which a small /tmp cannot hold
-        try:
-            with open(tmp, "wb") as fh:
-                torch.save(checkpoint, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-        except BaseException as err:
-            tmp.unlink(missing_ok=True)
-            failure = write_failure(err, path)  # out of room (torch says "unexpected pos"): one line, the fix
-            if failure is not None:
-                raise failure from None
-            raise
-        os.replace(tmp, path)
-
-    def remove_checkpoint(self, path) -> None:
-        self.writer.wait()  # never the last complete checkpoint before its successor is complete
-        super().remove_checkpoint(path)
-
-    def teardown(self) -> None:
-        self.writer.wait()
-
-    def load_checkpoint(self, path, map_location: Optional[Any] = None, weights_only: Optional[bool] = None) -> dict:
-        self.writer.wait()
-        p = verify_checkpoint(path, full=True)
-        if p.is_dir():  # a sound DCP folder, under a strategy that reads one file (torch.load: IsADirectoryError)
-            raise MismatchedCheckpointError(
-                f"--ckpt_path: {str(path)!r}: is a distributed (FSDP2) checkpoint folder, which loads only under "
-                "ModelParallelStrategy, on any number of processes; resume with that strategy, e.g. "
-                "--trainer.strategy=lightning.pytorch.strategies.ModelParallelStrategy "
-                "--trainer.strategy.data_parallel_size=1 --trainer.devices=1 for one process (or export it: python -m "
-                "scalevec_lit export --ckpt <folder> ...)")
-        try:
-            return super().load_checkpoint(path, map_location=map_location, weights_only=False)
-        except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
-            raise unreadable(p, err) from err
-
-
-def replace_directory(tmp: Path, path: Path) -> None:
-    """Swap a fully written folder ``tmp`` in for ``path`` (the old one is removed only afterwards)."""
-    old = path.with_name(path.name + ".old")
-    if old.exists():
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
-    if path.exists():
-        os.replace(path, old)
-    os.replace(tmp, path)
-    if old.exists():
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
-
-
-def install_checkpoint_io(trainer) -> None:
-    """Give ``trainer`` the atomic ``SafeCheckpointIO`` when its strategy uses the default torch IO."""
-    strategy = trainer.strategy
-    if type(getattr(strategy, "_checkpoint_io", None) or strategy.checkpoint_io) is TorchCheckpointIO:
-        strategy.checkpoint_io = SafeCheckpointIO()
 
 
 def lock_checkpoint_folders(trainer, ckpt_path: Any = None) -> None:
