@@ -10,9 +10,10 @@ its address. In the middle of step 5 (after the step-3 checkpoint) one fault:
 - the rendezvous host's processes killed (the agent that hosts the rendezvous and rank 0; the S3 server stays).
 
 Each survivor prints one line naming the lost rank, its host and the step, its worker exits 75 (torchrun's summary
-says ``exitcode  : 75``), the survivor's launcher exits with torchrun's 1 (``MAX_RESTARTS=0``: the exit is what is
+says ``exitcode  : 75``) and so does its launcher (torchrun itself exits 1; ``MAX_RESTARTS=0``: the exit is what is
 observed), within ``peer_timeout`` (plus the heartbeat's interval and the poll) of the fault; the step-3
-checkpoint is complete. The time from the fault to each launcher's end is printed (``pytest -s``).
+checkpoint is complete. A host cut off ends too: its launcher stops torchrun's agent, which hangs there. The
+time from the fault to each launcher's end is printed (``pytest -s``).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from netns_hosts import S3InHost, skip_reason, two_hosts
 pytestmark = pytest.mark.slow  # two torchrun agents and two ranks per test, in network namespaces
 
 PEER_TIMEOUT = 10
+AGENT_GRACE = 5  # seconds the launcher gives torchrun's agent to end after its worker left with 75
 STEP = 5  # the fault lands in the middle of step 5; checkpoints every 3 steps: step 3 is on disk
 _ports = itertools.count(29400)
 
@@ -76,7 +78,8 @@ def _launch(hosts, root: Path) -> dict:
     env = {**os.environ, **hosts.s3.env, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "PYTHONUNBUFFERED": "1",
            "OMP_NUM_THREADS": "1", "NNODES": "2", "GPUS_PER_NODE": "1", "MASTER_ADDR": hosts.a.hostname,
            "MASTER_PORT": str(next(_ports)), "MAX_RESTARTS": "0", "PEER_TIMEOUT": str(PEER_TIMEOUT),
-           "RUN_ID": root.name, "TORCHRUN": str(Path(sys.executable).with_name("torchrun"))}
+           "RUN_ID": root.name, "AGENT_GRACE": str(AGENT_GRACE),
+           "TORCHRUN": str(Path(sys.executable).with_name("torchrun"))}
     command = ["bash", str(ROOT / "launch" / "torchrun_fit.sh"), str(ROOT / "recipes" / "smoke.yaml"), "", *options]
     launched = {}
     for host in hosts.hosts:
@@ -113,8 +116,8 @@ def _check_survivor(name: str, proc, log: Path, took: float, line: str, agent_fa
     """``agent_failed``: torchrun's own error when its agent fails before it has seen its worker end."""
     text = log.read_text()
     print(f"{name}: launcher exit {proc.returncode} {took:.1f} s after the fault")
-    assert proc.returncode == 1, text[-5000:]  # torchrun's own code for a failed worker (MAX_RESTARTS=0) ...
-    assert (agent_failed or "exitcode  : 75") in text, text[-5000:]  # ... whose exit code was 75
+    assert proc.returncode == 75, text[-5000:]  # the launcher's, from its worker's note: torchrun says 1 ...
+    assert (agent_failed or "exitcode  : 75") in text, text[-5000:]  # ... and names the worker's 75
     assert text.count(line) == 1 and text.count("error: rank") == 1, text[-5000:]
     assert took < PEER_TIMEOUT + 15, text[-3000:]
 
@@ -162,11 +165,11 @@ def test_the_rendezvous_host_lost_ends_the_other_within_peer_timeout(fresh, tmp_
     _checkpoint_kept(root)
 
 
-def test_a_host_cut_off_alive_ends_both_ranks_within_peer_timeout(fresh, tmp_path):
+def test_a_host_cut_off_alive_ends_both_hosts_within_peer_timeout(fresh, tmp_path):
     """Host B's link down mid-step: rank 0 (host A) stops on B's silence, rank 1 (host B, alive) on its store's
-    (rank 0's, on host A). Host A's launcher ends; host B's torchrun agent does not: it waits in a rendezvous
-    store call to host A that never returns (torch's c10d client, not bounded by its timeout), so the test
-    ends it."""
+    (rank 0's, on host A). Host B's torchrun agent then stays in a rendezvous store call to host A that never
+    returns (torch's c10d client, not bounded by its timeout): the launcher ends it ``AGENT_GRACE`` s after its
+    worker's 75, with one line of its own, and exits 75."""
     hosts, root = fresh, tmp_path / "cut"
     root.mkdir()
     launched = _launch(hosts, root)
@@ -178,11 +181,15 @@ def test_a_host_cut_off_alive_ends_both_ranks_within_peer_timeout(fresh, tmp_pat
                     _line(log.read_text(), (1, hosts.b.hostname), STEP, HOW["silent"]))
     proc_b, log_b = launched[hosts.b.hostname]
     line_b = _line("", (0, hosts.a.hostname), STEP, HOW["store"])
-    deadline = fault_at + PEER_TIMEOUT + 30
-    while line_b not in log_b.read_text() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    while line_b not in log_b.read_text() and time.monotonic() < fault_at + PEER_TIMEOUT + 30:
+        time.sleep(0.1)
+    print(f"cut: {hosts.b.hostname} (the host cut off): its rank's line {time.monotonic() - fault_at:.1f} s after "
+          "the cut")
+    took = _wait(proc_b, fault_at, PEER_TIMEOUT + AGENT_GRACE + 60)
     text = log_b.read_text()
-    assert text.count(line_b) == 1 and text.count("error: rank") == 1, text[-5000:]
-    print(f"cut: {hosts.b.hostname} (the host cut off): its rank's line {time.monotonic() - fault_at:.1f} s after the "
-          f"cut; its launcher {'exit %s' % proc_b.returncode if proc_b.poll() is not None else 'still running'}")
+    print(f"cut: {hosts.b.hostname}: launcher exit {proc_b.returncode} {took:.1f} s after the cut")
+    assert proc_b.returncode == 75 and text.count(line_b) == 1 and text.count("error: rank") == 1, text[-5000:]
+    assert text.count("error: launch/torchrun_fit.sh: torchrun: still running ") == 1, text[-5000:]
+    assert f"its agent waits for the rendezvous host {hosts.a.hostname}, which is down or cut off" in text
+    assert took < PEER_TIMEOUT + AGENT_GRACE + 20, text[-3000:]
     _checkpoint_kept(root)

@@ -66,6 +66,24 @@ def heartbeat_interval(timeout: float) -> float:
     return min(5.0, max(0.2, timeout / 10))
 
 
+#: set by ``launch/torchrun_fit.sh``: where a worker that leaves with 75 says so (its launcher then exits 75 too)
+LOST_NOTE_ENV = "SCALEVEC_LOST_NOTE"
+
+
+def _lost_note() -> Optional[Path]:
+    base = os.environ.get(LOST_NOTE_ENV)
+    return Path(f"{base}.{os.environ.get('LOCAL_RANK', '0')}") if base else None
+
+
+def note_lost() -> None:
+    """This worker leaves with 75: tell the launcher (torchrun itself exits 1 for any failed worker), with the
+    restart count of this start (the launcher ends a torchrun whose agent hangs after its last start's 75)."""
+    note = _lost_note()
+    if note is not None:
+        with suppress(OSError):
+            note.write_text(f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}\n")
+
+
 def _store_client(timeout: float):
     import torch.distributed as dist
 
@@ -127,6 +145,8 @@ class PeerWatch(Callback):
         global _active
         if stage != "fit" or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return
+        with suppress(OSError):  # a note of an earlier start: this one has not lost a peer
+            (_lost_note() or Path("/nonexistent")).unlink(missing_ok=True)
         self.rank, self.world, self._trainer = dist.get_rank(), dist.get_world_size(), trainer
         try:
             self._store = _store_client(self.store_timeout)
@@ -231,6 +251,7 @@ class PeerWatch(Callback):
         if say(lost_error(lost, self.step, how, newest, self.other_hosts()) if lost else
                unnamed_error(self.step, how, f"its host {host}, torchrun's agent on the first node, is down or stopped",
                              newest)):
+            note_lost()
             kill_children(self._trainer)  # Lightning's launcher: no child rank outlives this one (``_observer.py``)
             os._exit(PEER_LOST_EXIT)
 
@@ -373,6 +394,7 @@ def translate() -> Iterator[None]:
         newest = watch._newest_checkpoint()
         failure = (str(err).splitlines() or [type(err).__name__])[0][:200]
         kill_children(watch._trainer)  # Lightning kills them on Ctrl-C only; this rank leaves by ``os._exit``
+        note_lost()
         raise (lost_error(lost, watch.step, how, newest, getattr(watch, "other_hosts", dict)()) if lost else
                unnamed_error(watch.step, failure, how, newest)) from err
 
