@@ -14,6 +14,13 @@ RECIPE=${1:?usage: launch/torchrun_fit.sh <recipe.yaml> [<strategy.yaml>] [fit o
 STRATEGY=${2:-}
 shift $(( $# < 2 ? $# : 2 ))
 NNODES=${NNODES:-1}
+# Elastic: NNODES=MIN:MAX (e.g. 1:2) lets the job go on with the hosts it has. torchrun's rendezvous waits for MIN
+# nodes, then up to last_call_timeout (RDZV_CONF, default torchrun's 30 s) for more; after a host is lost (its
+# workers exit 75 or die) every restart meets with the hosts left, fit takes the nodes of that start
+# (--trainer.num_nodes=auto) and resumes --ckpt_path last, the global batch kept (the accumulation follows); a
+# host started again joins at once (torchrun restarts the group when a node waits). RDZV_CONF is passed to
+# --rdzv-conf, e.g. RDZV_CONF=last_call_timeout=10,join_timeout=600.
+case "$NNODES" in *:*) FIT_NODES=auto ;; *) FIT_NODES=$NNODES ;; esac
 GPUS=${GPUS_PER_NODE:-8}
 TORCHRUN=${TORCHRUN:-.venv/bin/torchrun}
 # Each start gets a store of its own (rank 0 hosts it on a fresh port): the store torchrun's agents share keeps
@@ -33,9 +40,9 @@ GRACE=${AGENT_GRACE:-30}
 set -m
 "$TORCHRUN" --nnodes="$NNODES" --nproc-per-node="$GPUS" \
   --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR:-127.0.0.1}:${MASTER_PORT:-29500}" \
-  --rdzv-id="${RUN_ID:-scalevec}" --max-restarts="$LAST_START" \
+  --rdzv-id="${RUN_ID:-scalevec}" --max-restarts="$LAST_START" ${RDZV_CONF:+--rdzv-conf="$RDZV_CONF"} \
   -m scalevec_lit fit --config "$RECIPE" ${STRATEGY:+--config "$STRATEGY"} \
-  --trainer.num_nodes="$NNODES" --trainer.devices="$GPUS" --peer_timeout="${PEER_TIMEOUT:-300}" \
+  --trainer.num_nodes="$FIT_NODES" --trainer.devices="$GPUS" --peer_timeout="${PEER_TIMEOUT:-300}" \
   --ckpt_path=last "$@" &
 AGENT=$!
 set +m

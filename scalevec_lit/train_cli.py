@@ -248,6 +248,12 @@ class ScaleVecCLI(LightningCLI):
 def run_training(argv: list[str]):
     """``fit``/``validate``/``test`` with ``argv`` (the command first); returns the ``ScaleVecCLI``."""
     argv = resolve_config_args(argv, sys.argv)  # --config smoke: a shipped recipe by name; a path wins (issue 35)
+    from .lit.elastic import resolve_auto_nodes
+
+    given = argv == sys.argv[1:]
+    argv = resolve_auto_nodes(argv)  # --trainer.num_nodes=auto: the nodes of this torchrun start (issue 46 item 3)
+    if given:
+        sys.argv[1:] = argv  # LightningCLI reads sys.argv itself (it warns when given args beside a command line)
     check_config_files(argv)
     from .lit.peers import translate
 
