@@ -202,9 +202,11 @@ def _finished(handler: Any) -> Any:
 
 
 @contextmanager
-def held() -> Iterator[None]:
+def held(answer: bool = True) -> Iterator[None]:
     """A stop signal inside the block (moving a finished output into place) is answered when it ends: the
-    handlers in place before the block get the first signal then (main thread; elsewhere a plain block)."""
+    handlers in place before the block get the first signal then (main thread; elsewhere a plain block).
+    ``answer=False``: it is only noted (a lost rank being named: that rank stops anyway, with the line that says
+    why); signals count again after the block."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -215,7 +217,7 @@ def held() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, _finished(handler) if handler is not None else signal.SIG_DFL)
-        if got:
+        if got and answer:
             signal.raise_signal(got[0])
 
 

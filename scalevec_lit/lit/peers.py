@@ -36,7 +36,6 @@ the job from ``--ckpt_path last`` (``launch/torchrun_fit.sh``'s restart policy).
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import sys
 import threading
@@ -48,76 +47,19 @@ from typing import Iterator, Optional
 
 from lightning.pytorch.callbacks import Callback
 
+from .. import stopsignal
 from ..runlock import checkpoints_in
 from ._observer import children_ended, kill_children, replace_kill
 from .peer_errors import (  # noqa: F401 - the line of a lost rank (peer_errors.py); importable from here too
     DEFAULT_PEER_TIMEOUT, PEER_LOST_EXIT, TIMEOUT_KEY, PeerLostError, is_c10d_error, is_collective_failure, lost_error,
     peer_timeout_argument, unnamed_error)
+from .peer_store import _Call, _store_client, clear_lost_note, heartbeat_interval, note_lost  # noqa: F401
 
 MIN_GROUP_TIMEOUT = 60.0  # seconds: the process group's timeout also bounds the start-up rendezvous
 
 _active: Optional["PeerWatch"] = None
 _report_lock = threading.Lock()
 _reported = False
-
-
-def heartbeat_interval(timeout: float) -> float:
-    """Seconds between beats: a tenth of the timeout, between 0.2 s and 5 s."""
-    return min(5.0, max(0.2, timeout / 10))
-
-
-#: set by ``launch/torchrun_fit.sh``: where a worker that leaves with 75 says so (its launcher then exits 75 too)
-LOST_NOTE_ENV = "SCALEVEC_LOST_NOTE"
-
-
-def _lost_note() -> Optional[Path]:
-    base = os.environ.get(LOST_NOTE_ENV)
-    return Path(f"{base}.{os.environ.get('LOCAL_RANK', '0')}") if base else None
-
-
-def note_lost() -> None:
-    """This worker leaves with 75: tell the launcher (torchrun itself exits 1 for any failed worker), with the
-    restart count of this start (the launcher ends a torchrun whose agent hangs after its last start's 75)."""
-    note = _lost_note()
-    if note is not None:
-        with suppress(OSError):
-            note.write_text(f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}\n")
-
-
-def _store_client(timeout: float):
-    import torch.distributed as dist
-
-    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "0"))
-    store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout), wait_for_workers=False)
-    prefix = f"scalevec_peers/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    return dist.PrefixStore(prefix, store)
-
-
-class _Call:
-    """One store call in a thread of its own, waited for at most a bound by the caller: a ``TCPStore`` client call
-    to a host cut off from this one (its link down: no reset, no answer) blocks far beyond the client's timeout
-    (over 90 s with a 5 s timeout, measured), and the watchdog must still see the silence and leave."""
-
-    def __init__(self, fn) -> None:
-        self.done = threading.Event()
-        self.result, self.error = None, None
-        self.thread = threading.Thread(target=self._run, args=(fn,), name="scalevec-peer-store", daemon=True)
-        self.thread.start()
-
-    def _run(self, fn) -> None:
-        try:
-            self.result = fn()
-        except BaseException as err:  # noqa: BLE001 - handed to the caller
-            self.error = err
-        finally:
-            self.done.set()
-
-    def wait(self, seconds: float):
-        if not self.done.wait(seconds):
-            raise TimeoutError(f"the rendezvous store did not answer in {seconds:g} s")
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 class PeerWatch(Callback):
@@ -145,8 +87,7 @@ class PeerWatch(Callback):
         global _active
         if stage != "fit" or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return
-        with suppress(OSError):  # a note of an earlier start: this one has not lost a peer
-            (_lost_note() or Path("/nonexistent")).unlink(missing_ok=True)
+        clear_lost_note()  # a note of an earlier start: this one has not lost a peer
         self.rank, self.world, self._trainer = dist.get_rank(), dist.get_world_size(), trainer
         try:
             self._store = _store_client(self.store_timeout)
@@ -348,23 +289,6 @@ def say(err: PeerLostError) -> bool:
 
 
 @contextmanager
-def _stop_signals_wait() -> Iterator[None]:
-    """While the lost peer is named (a second or so): a stop signal is noted, not acted on (this rank is
-    stopping anyway, with the line that says why); it counts again afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    from ..stopsignal import STOP_SIGNALS
-
-    previous = {signum: signal.signal(signum, lambda *_: None) for signum in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-
-
-@contextmanager
 def translate() -> Iterator[None]:
     """Around ``fit``: a failed collective while a peer watch runs becomes ``PeerLostError`` (one line, 75);
     so does a stop signal that arrives because a peer is lost (torchrun stops the other workers of a group
@@ -382,7 +306,7 @@ def translate() -> Iterator[None]:
         if not claimed:  # the watchdog has printed the line and is about to exit
             time.sleep(60)
             os._exit(PEER_LOST_EXIT)
-        with _stop_signals_wait():  # torchrun's SIGTERM to the survivors of a lost worker comes meanwhile
+        with stopsignal.held(answer=False):  # torchrun's SIGTERM to the survivors of a lost worker comes meanwhile
             lost, how = watch.name_lost()
         watch.finish()
         if stopped and not (lost and how.startswith("its connection")):
