@@ -13,7 +13,7 @@ from helpers import tiny_config
 from scalevec_lit.errors import UserError
 from scalevec_lit.hub import convert as hub_convert
 from scalevec_lit.hub.convert import convert_model, tolerance
-from scalevec_lit.hub.convert_check import written_tolerance
+from scalevec_lit.hub.convert_check import Probe, written_tolerance
 from scalevec_lit.model import Transformer
 from scalevec_lit.model.config import MoEConfig
 from scalevec_lit.model.moe import MoE
@@ -84,10 +84,10 @@ def test_the_written_dtype_is_checked_an_overflow_is_refused():
                                             r"that the conversion keeps exactly for this model \(checked for every "
                                             r"preset in recipes/strategy/\): baseline, "):
             convert_model(model, ScaleStrategy(vector=hub_convert.read_strategy(
-                hub_convert.PRESETS / "no_scale.yaml", 1e-6).vector), allow_function_change=allow, value="no_scale.yaml")
+                hub_convert.presets_folder() / "no_scale.yaml", 1e-6).vector), allow_function_change=allow, value="no_scale.yaml")
     with torch.no_grad():
         final[3] = 1e3
-    converted, report, moved = convert_model(model, hub_convert.read_strategy(hub_convert.PRESETS / "no_scale.yaml",
+    converted, report, moved = convert_model(model, hub_convert.read_strategy(hub_convert.presets_folder() / "no_scale.yaml",
                                                                               1e-6))
     assert next(converted.parameters()).dtype == torch.float16 and report.changes == []
     assert bool(torch.isfinite(converted.final.proj["head"].weight).all())
@@ -95,7 +95,8 @@ def test_the_written_dtype_is_checked_an_overflow_is_refused():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_conversion_written_in_a_narrower_dtype_stays_within_its_tolerance(dtype):
-    """The written check's tolerance, ε·(2L+1)·√w, holds for an exact conversion that rounds folded weights."""
+    """The written check's tolerance (the model with every parameter moved by ε) holds for an exact conversion
+    that rounds folded weights."""
     torch.manual_seed(0)
     model = Transformer(tiny_config(**CFG), ScaleStrategy()).to(dtype).eval()
     with torch.no_grad():
@@ -107,4 +108,5 @@ def test_a_conversion_written_in_a_narrower_dtype_stays_within_its_tolerance(dty
     with torch.no_grad():
         a, b = model.double()(idx), converted.double()(idx)
     lost = float((a - b).abs().max() / a.abs().max())
-    assert 0.0 < lost <= written_tolerance(model.config, dtype)  # the final γ folded into the head: rounded
+    source = model.double().eval()
+    assert 0.0 < lost <= written_tolerance(source, Probe(source, idx), dtype)  # the final γ folded into the head

@@ -144,3 +144,25 @@ def test_lanczos_stops_on_an_invariant_subspace_with_exact_values():
     assert eig.converged and eig.iterations <= 4
     for value, true in zip(eig.values, lam[:2].tolist()):
         assert abs(value - true) <= 100 * U * 5.0
+
+
+def test_a_start_vector_nearly_inside_an_invariant_subspace_is_not_taken_for_one():
+    """The start vector lies within 1e-9 of a 2-dimensional invariant subspace (eigenvalues 1 and 2); the
+    largest eigenvalue, 10, is 1e-9 off it. After 2 steps β ≈ 1e-9·10, far above the invariant-subspace
+    test's 1e-12·|θ|max (= 2e-12) yet below 1e-6·|θ|max: Lanczos must go on and find 10, not stop at 2."""
+    n, delta = 20, 1e-9
+    gen = torch.Generator().manual_seed(5)  # the start vector lanczos draws with seed=5
+    v = torch.randn(n, generator=gen, dtype=torch.float32).to(torch.float64)
+    v = v / v.norm()
+    basis, _ = torch.linalg.qr(torch.cat([v[:, None], torch.randn(n, 2, generator=gen, dtype=torch.float64)], 1))
+    u, w = basis[:, 1], basis[:, 2]  # orthonormal, both orthogonal to v
+    top = delta * v + math.sqrt(1 - delta ** 2) * u  # the eigenvector of 10: 1e-9 of it along v
+    inside = (v - delta * top) / (v - delta * top).norm()  # v's part orthogonal to it
+    f1, f2 = (inside + w) / math.sqrt(2), (inside - w) / math.sqrt(2)
+    a = 10.0 * torch.outer(top, top) + 1.0 * torch.outer(f1, f1) + 2.0 * torch.outer(f2, f2)
+    assert abs(float(top @ v) - delta) <= 10 * U and abs(float(top @ f1)) <= 10 * U and abs(float(top @ f2)) <= 10 * U
+    tol = 1e-8
+    eig = lanczos(lambda x: a @ x, n, 1, n, tol, seed=5, like=torch.zeros(n, dtype=torch.float64))
+    assert eig.converged and eig.iterations >= 3
+    # a symmetric matrix has an eigenvalue within a Ritz value's residual (≤ tol·|θ|), plus float64's few u·‖A‖
+    assert abs(eig.values[0] - 10.0) <= tol * 10.0 + 10 * eig.iterations * U * 10.0, eig.values

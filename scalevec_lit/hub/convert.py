@@ -43,7 +43,7 @@ from ..scale.strategy import ScaleStrategy
 from ..scale.vector import NoInverse, ScaleVector
 from ._args import add_output_options
 from .convert_check import (SAMPLE, Probe, probe_batch, resolved_strategy, same_strategy, tolerance,
-                            widest, written_tolerance)
+                            widest)
 
 RECIPE = "model.yaml"
 PRESETS_TEXT = "recipes/strategy/"
@@ -172,7 +172,7 @@ def exact_presets(model: Transformer, source: Transformer, probe: Probe, skip: S
         if report.changes or not moved <= tol:
             continue
         if dtype != torch.float64:
-            lost, wtol, bad = _written_change(target.to(dtype), probe, model.config, dtype)
+            lost, wtol, bad = _written_change(target.to(dtype), probe, dtype)
             if bad or not lost <= wtol:
                 continue
         names.append(path.stem)
@@ -222,7 +222,7 @@ def convert_model(model: Transformer, strategy: ScaleStrategy, *, allow_function
         target.config = dataclasses.replace(target.config, tie_embeddings=False)
     target = target.to(dtype).eval()
     if dtype != torch.float64:  # what the cast to the checkpoint's dtype loses: the written model, in float64
-        lost, wtol, bad = _written_change(target, probe, model.config, dtype)
+        lost, wtol, bad = _written_change(target, probe, dtype)
         name = str(dtype).replace("torch.", "")
         if bad:  # never written, whatever --allow-function-change says: a checkpoint with Inf or NaN weights
             raise UserError(key, value, f"the converted model does not fit in {name}, the checkpoint's dtype: "
@@ -231,18 +231,19 @@ def convert_model(model: Transformer, strategy: ScaleStrategy, *, allow_function
         if not lost <= wtol and not allow_function_change:
             raise UserError(key, value, f"the model as written in {name} moves the logits by {lost:.3g} relative "
                             f"(max |Δ| / max |logits|, computed in float64, {batch}) against a tolerance of {wtol:.3g} "
-                            f"(rounding every weight once to {name}: ε·(2L+1)·√w for {model.config.n_layer} layers of "
-                            f"width up to {widest(model.config)}), although the float64 transfer kept the function",
+                            f"(the change of this model with every parameter moved by ε of itself in {name}: more than "
+                            f"any rounding a write in {name} must introduce), although the float64 transfer kept the "
+                            f"function: this parameterization cannot hold the model's values in {name}",
                             _advice(model, source, probe, strategy, spec))
     return target, report, moved
 
 
-def _written_change(target: Transformer, probe: Probe, config, dtype: torch.dtype) -> tuple[float, float, list[str]]:
+def _written_change(target: Transformer, probe: Probe, dtype: torch.dtype) -> tuple[float, float, list[str]]:
     """``(relative logits change, its tolerance, parameters not finite)`` of ``target`` (already cast to ``dtype``)
     evaluated in float64 against the source's probe logits."""
     bad = [n for n, p in target.named_parameters() if not bool(torch.isfinite(p).all())]
     written = copy.deepcopy(target).double().eval()
-    return probe.change(written), written_tolerance(config, dtype), bad
+    return probe.change(written), probe.written_tolerance(dtype), bad
 
 
 def _advice(model: Transformer, source: Transformer, probe: Probe, refused: ScaleStrategy,

@@ -1,6 +1,7 @@
 """The checks of ``convert`` (``hub/convert.py``): the probe batch and its float64 logits (``Probe``; an MoE model
-also with every token routed to every expert, ``every_expert``), the tolerances (``tolerance`` for the float64
-transfer, ``written_tolerance`` for the model as written in its checkpoint's dtype) and what "the same strategy"
+also with every token routed to every expert, each weighted equally: ``every_expert``), the tolerances
+(``tolerance`` for the float64 transfer, ``written_tolerance`` for the model as written in its checkpoint's dtype,
+measured on the model: every parameter moved by the dtype's ε) and what "the same strategy"
 means (``resolved_strategy``: the vector's default arguments filled on both sides).
 
 Plain torch (+ the model's classes): must not import Lightning or transformers.
@@ -8,6 +9,8 @@ Plain torch (+ the model's classes): must not import Lightning or transformers.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import inspect
 from typing import Any
 
@@ -46,13 +49,23 @@ def widest(config) -> int:
     return max(widths)
 
 
-def written_tolerance(config, dtype: torch.dtype) -> float:
-    """The largest relative logits change that rounding every weight once to ``dtype`` (the checkpoint's) explains:
-    ``ε_dtype · (2 L + 1) · √w``. A rounded weight is off by at most ε/2 of itself, so a dot product of length
-    ``w`` moves by at most ε/2 · ‖row‖·‖x‖, about ε/2 · √w of a typical output, once per map along the 2 L + 1 maps
-    of a path; never below ``tolerance`` (the float64 check's)."""
-    return max(tolerance(config),
-               torch.finfo(dtype).eps * (2 * config.n_layer + 1) * float(widest(config)) ** 0.5)
+def written_tolerance(source: Transformer, probe: "Probe", dtype: torch.dtype, seed: int = 0) -> float:
+    """The largest relative logits change that writing a converted model in ``dtype`` (the checkpoint's) explains,
+    measured on the model itself: the change of the float64 ``source`` with every parameter moved by ε of itself
+    (ε = ``finfo(dtype).eps``, each entry's sign drawn with ``seed``), on ``probe``'s batch. Writing rounds each
+    entry of a written tensor by at most ε/2 of itself, and an entry that the model uses as a product of two
+    written tensors (a γ folded into a weight) by at most about ε; the reference moves every entry by a full ε,
+    so an exact conversion's write moves the logits less. A parameterization that cannot hold the model's γ in
+    ``dtype`` (γ = 0.01 stored as γ − 1 in bfloat16: each γ off by up to a fifth of itself) moves them far more.
+    Never below ``tolerance`` (the float64 check's)."""
+    eps = torch.finfo(dtype).eps
+    moved = copy.deepcopy(source).double().eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in moved.parameters():
+            sign = torch.randint(0, 2, p.shape, generator=gen, dtype=torch.float64).mul_(2).sub_(1)
+            p.mul_(1 + eps * sign)
+    return max(tolerance(source.config), probe.change(moved))
 
 
 def resolved_strategy(config, strategy: ScaleStrategy) -> dict[str, Any]:
@@ -80,15 +93,28 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @contextlib.contextmanager
 def every_expert(*models: nn.Module):
-    """Route every token to every routed expert of each MoE layer (top-k = E), so that a probe sees each expert's
-    function, weighted by its routing score, whatever the routing would choose."""
+    """Route every token to every routed expert of each MoE layer (top-k = E), each expert weighted 1/E whatever
+    the router scores it, so that a probe sees each expert's function equally: an expert that the router scores
+    2.9e-10 (or exactly 0 in float32) on every probe token is seen as much as any other. The router's own
+    function is seen by the plain probe. (For the probe's forward only: ``route`` of ``model/moe.py`` is replaced
+    while the context is open, in this thread's process.)"""
+    from ..model import moe as moe_module
+
     layers = [m for model in models for m in model.modules() if isinstance(m, MoE)]
-    before = [m.top_k for m in layers]
+    before, real = [m.top_k for m in layers], moe_module.route
+
+    def equal(logits, top_k, *args, **kwargs):
+        r = real(logits, top_k, *args, **kwargs)
+        return dataclasses.replace(r, weights=torch.full_like(r.weights, 1.0 / r.weights.shape[-1]))
+
     try:
         for m in layers:
             m.top_k = m.num_experts
+        if layers:
+            moe_module.route = equal
         yield bool(layers)
     finally:
+        moe_module.route = real
         for m, k in zip(layers, before):
             m.top_k = k
 
@@ -98,7 +124,7 @@ class Probe:
     with every token routed to every expert (``every_expert``)."""
 
     def __init__(self, source: Transformer, idx: torch.Tensor) -> None:
-        self.idx = idx
+        self.idx, self.source, self._written = idx, source, {}
         with torch.no_grad():
             self.plain = source(idx)
             with every_expert(source) as moe:
@@ -112,3 +138,9 @@ class Probe:
                 with every_expert(target):
                     moved = max(moved, _relative(self.routed, target(self.idx)))
         return moved
+
+    def written_tolerance(self, dtype: torch.dtype) -> float:
+        """``written_tolerance`` of the source in ``dtype`` (measured once)."""
+        if dtype not in self._written:
+            self._written[dtype] = written_tolerance(self.source, self, dtype)
+        return self._written[dtype]
