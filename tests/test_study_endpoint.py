@@ -14,7 +14,7 @@ import yaml
 
 from scalevec_lit import study as st
 from scalevec_lit.study.events import scheduled, validation_schedule
-from scalevec_lit.study.regime import regime_line
+from scalevec_lit.study.regime import embedding_params_from_log, regime_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,7 +83,8 @@ def test_an_interrupted_and_resumed_study_keeps_the_uninterrupted_endpoint(prepa
 
     text = write_report(tmp_path / "runs", report).read_text()
     tokens = json.loads((prepared_data / "meta.json").read_text())["tokens"]["train"]
-    assert f"\n{regime_line(576, plain['params'], tokens)}.\n" in text
+    outside = plain["params"] - embedding_params_from_log(tmp_path / "runs" / "plain" / "seed1")  # embedding, head
+    assert f"\n{regime_line(576, plain['params'], tokens, outside)}.\n" in text
     assert ("logged at 0-based steps [5, 8] in every run (validations made where a run stopped on a signal are off "
             "the schedule and left out: `interrupted/seed1` at [6])") in text
 

@@ -1,8 +1,12 @@
-"""The training regime of a study, on one line: ``Regime: N tokens per parameter, E epochs over the training
-text``.
+"""The training regime of a study, on one line: ``Regime: N tokens per parameter (M per non-embedding parameter),
+E epochs over the training text``.
 
 - N = tokens trained per run / the model's parameters (all of them, embeddings included; for an MoE model the
   total, not the active count);
+- M = tokens trained per run / the parameters outside the token embedding and the output head (the total less
+  the ``embedding`` and ``head`` rows of the optimizer's parameter groups that ``fit`` prints; a tied head is
+  the embedding's tensor, counted once): the count scaling laws use (Kaplan et al. 2020), and at small sizes far
+  from N (the 0.3M documentation model: 20.6 and 60.3);
 - E = tokens trained per run / the training tokens of the prepared data (``tokens.train`` of its
   ``meta.json``).
 
@@ -22,6 +26,8 @@ from pathlib import Path
 from typing import Optional
 
 PARAMS_RE = re.compile(r"parameters: ([\d,]+) total")
+GROUPS_HEADER = "optimizer parameter groups:"
+GROUP_ROW_RE = re.compile(r"^(embedding|head)\s+\S+\s+\d+\s+([\d,]+)\s")
 
 
 def _num(x: float) -> str:
@@ -29,11 +35,14 @@ def _num(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2g}"
 
 
-def regime_line(tokens: Optional[float], params: Optional[int], train_tokens: Optional[int]) -> str:
-    """``Regime: N tokens per parameter, E epochs over the training text`` (``n/a`` for an unknown number)."""
+def regime_line(tokens: Optional[float], params: Optional[int], train_tokens: Optional[int],
+                non_embedding: Optional[int] = None) -> str:
+    """``Regime: N tokens per parameter (M per non-embedding parameter), E epochs over the training text`` (``n/a``
+    for an unknown number)."""
     n = _num(tokens / params) if tokens and params else "n/a"
+    m = _num(tokens / non_embedding) if tokens and non_embedding else "n/a"
     e = _num(tokens / train_tokens) if tokens and train_tokens else "n/a"
-    return f"Regime: {n} tokens per parameter, {e} epochs over the training text"
+    return f"Regime: {n} tokens per parameter ({m} per non-embedding parameter), {e} epochs over the training text"
 
 
 def params_from_log(root: Path) -> Optional[int]:
@@ -44,6 +53,25 @@ def params_from_log(root: Path) -> Optional[int]:
         return None
     found = PARAMS_RE.findall(text)
     return int(found[-1].replace(",", "")) if found else None
+
+
+def embedding_params_from_log(root: Path) -> Optional[int]:
+    """The parameters of the token embedding and the output head (an untied head's own tensor) that the run's last
+    attempt printed in its table of optimizer parameter groups (``None`` when its log has no embedding row)."""
+    try:
+        text = (Path(root) / "log.txt").read_text(errors="replace")
+    except OSError:
+        return None
+    if GROUPS_HEADER not in text:
+        return None
+    rows: dict[str, int] = {}
+    for line in text.rsplit(GROUPS_HEADER, 1)[1].splitlines()[1:]:
+        if not line.strip():
+            break
+        found = GROUP_ROW_RE.match(line)
+        if found:
+            rows[found.group(1)] = int(found.group(2).replace(",", ""))
+    return sum(rows.values()) if "embedding" in rows else None
 
 
 def trained_tokens(logged_tokens: list[tuple[int, float]], last_step: Optional[int]) -> Optional[int]:
@@ -70,9 +98,9 @@ def data_train_tokens(data_dir: Optional[str]) -> Optional[int]:
 
 
 def study_regime(runs: dict, reference: str, data_dir: Optional[str]) -> dict:
-    """The regime of a study's complete runs ``{Run: done}``: the reference variant's parameters and tokens per
-    run (any variant's when the reference has none), the other variants' parameter range, the data's training
-    tokens, and ``line``."""
+    """The regime of a study's complete runs ``{Run: done}``: the reference variant's parameters, embedding and
+    head parameters, and tokens per run (any variant's when the reference has none), the other variants' parameter
+    range, the data's training tokens, and ``line``."""
     def of(key: str, variant: Optional[str]) -> list:
         vals = []
         for r, d in runs.items():
@@ -81,6 +109,8 @@ def study_regime(runs: dict, reference: str, data_dir: Optional[str]) -> dict:
             v = d.get(key)
             if v is None and key == "params" and d.get("root"):
                 v = params_from_log(d["root"])
+            if v is None and key == "embedding_params" and d.get("root"):
+                v = embedding_params_from_log(d["root"])
             if v is None and key == "trained_tokens":
                 v = d.get("train_tokens")  # runs made before trained_tokens was recorded: the last logged count
             if v:
@@ -88,19 +118,26 @@ def study_regime(runs: dict, reference: str, data_dir: Optional[str]) -> dict:
         return vals
 
     params = of("params", reference) or of("params", None)
+    embedding = of("embedding_params", reference) or of("embedding_params", None)
     tokens = of("trained_tokens", reference) or of("trained_tokens", None)
     all_params = of("params", None)
     p = max(set(params), key=params.count) if params else None
     t = max(set(tokens), key=tokens.count) if tokens else None
+    emb = max(set(embedding), key=embedding.count) if embedding else None
+    non_embedding = p - emb if p and emb and p > emb else None
     train = data_train_tokens(data_dir)
     return {"params": p, "params_range": (min(all_params), max(all_params)) if all_params else None,
+            "embedding_params": emb, "non_embedding_params": non_embedding,
             "tokens": t, "tokens_range": sorted(set(of("trained_tokens", None))), "train_tokens": train,
-            "data_dir": data_dir, "line": regime_line(t, p, train)}
+            "data_dir": data_dir, "line": regime_line(t, p, train, non_embedding)}
 
 
 def regime_detail(r: dict, reference: str) -> str:
     """One bullet: where the regime's numbers come from."""
     params = f"{r['params']:,} parameters of `{reference}`" if r["params"] else "parameters not recorded by these runs"
+    if r.get("non_embedding_params"):
+        params += (f", {r['non_embedding_params']:,} of them outside the embedding and head ({r['embedding_params']:,}"
+                   " in the embedding and untied head, from fit's table of optimizer parameter groups)")
     if r["params_range"] and r["params_range"][0] != r["params_range"][1]:
         params += f" (variants: {r['params_range'][0]:,}–{r['params_range'][1]:,})"
     tokens = (f"{r['tokens']:,} tokens trained per run (steps × global batch × sequence length)" if r["tokens"]
