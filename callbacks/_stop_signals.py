@@ -64,8 +64,12 @@ class StopSignals:
         self._previous_handlers = {}
 
     def stop_if_signalled(self, trainer) -> None:
-        """At the end of each step: a received signal saves this step and stops the run."""
+        """At the end of each step: a received signal saves this step and stops the run. With gradient
+        accumulation, only at the micro-batch that ends the step: one saved inside the window lost the gradients
+        of its micro-batches and could not resume on another number of processes (``lit/reshard.py``)."""
         stopsignal.at_step(trainer.global_step)
+        if _inside_accumulation_window(trainer):
+            return
         received = self._received
         if trainer.world_size > 1:
             if trainer.global_step % self.stop_check_every_n_steps:
@@ -87,3 +91,13 @@ class StopSignals:
         trainer.should_stop = True
         notice(f"stopped by {signal.Signals(received).name} at step {trainer.global_step}: saved {path}; resume "
                "with the same command and --ckpt_path last")
+
+
+def _inside_accumulation_window(trainer) -> bool:
+    """The micro-batch just ended is not the last of its optimizer step (Lightning's own test, the same on every
+    rank)."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    try:
+        return bool(loop._should_accumulate())
+    except Exception:  # noqa: BLE001 - another loop: as before, every micro-batch ends a step
+        return False

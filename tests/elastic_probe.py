@@ -35,3 +35,17 @@ class SlowAlone(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if trainer.world_size == 1:
             time.sleep(self.pause)
+
+
+class SignalInWindow(Callback):
+    """Sends SIGTERM to this process at the end of micro-batch ``batch`` (counted from 0 in the run), once: with
+    gradient accumulation, inside an optimizer step's window."""
+
+    def __init__(self, batch: int = 5) -> None:
+        self.batch = batch
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if batch_idx == self.batch:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)
