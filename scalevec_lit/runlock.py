@@ -139,11 +139,16 @@ def acquire_folder(folder: str | Path, key: str = "trainer.default_root_dir", gi
 
 def launch_id() -> Optional[str]:
     """The start of a group of processes a launcher made together: a SLURM job's start (job id and restart count)
-    or a torchrun group's (run id and restart count); ``None`` for a process started on its own."""
+    or a torchrun group's (run id and the start's store); ``None`` for a process started on its own."""
     if os.environ.get("SLURM_JOB_ID") and int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
         return f"slurm:{os.environ['SLURM_JOB_ID']}:{os.environ.get('SLURM_RESTART_COUNT', '0')}"
     if os.environ.get("TORCHELASTIC_RUN_ID"):
-        return f"torchrun:{os.environ['TORCHELASTIC_RUN_ID']}:{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        # the start's store, rank 0's address and port: the same on every rank of one start (a fresh port per start
+        # under launch/torchrun_fit.sh). Not the restart count: each agent keeps its own, and a host that joins an
+        # elastic job later (--nnodes MIN:MAX) counts from 0 while the others count on, so its rank refused rank 0's
+        # lock of the same start
+        return (f"torchrun:{os.environ['TORCHELASTIC_RUN_ID']}:{os.environ.get('MASTER_ADDR', '')}:"
+                f"{os.environ.get('MASTER_PORT', '')}")
     return None
 
 

@@ -39,3 +39,21 @@ def test_auto_outside_torchrun_is_refused_with_the_fix(tmp_path):
     assert res.returncode == 2, res.stderr[-3000:]
     assert res.stderr.strip().splitlines()[-1].startswith("error: --trainer.num_nodes: auto: is the number of nodes of "
                                                           "a torchrun start"), res.stderr[-3000:]
+
+
+def test_the_ranks_of_one_torchrun_start_share_its_launch_id_whatever_their_agents_restart_counts(monkeypatch):
+    """A host that joins an elastic job later has an agent whose restart count starts at 0 while the first host's
+    is 1: the launch id of a start must not depend on it, or the joining rank refuses rank 0's lock of the very same
+    start ("checkpoint folder ...: in use: run.lock says a run on host A ..."; ``runlock.check_folder_free``)."""
+    from scalevec_lit.runlock import launch_id
+
+    start = {"TORCHELASTIC_RUN_ID": "job", "MASTER_ADDR": "node-a", "MASTER_PORT": "36877"}
+    ids = []
+    for restarts in ("1", "0"):  # host A's agent after a lost host; host B's agent, started again
+        for key, value in {**start, "TORCHELASTIC_RESTART_COUNT": restarts}.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+        ids.append(launch_id())
+    assert ids[0] == ids[1]
+    monkeypatch.setenv("MASTER_PORT", "43327")  # the next start: a store of its own
+    assert launch_id() != ids[0]
