@@ -121,7 +121,7 @@ def test_crash_while_saving_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
         fh.write(b"PK\x03\x04 half a file")
         raise KeyboardInterrupt("killed while saving")
 
-    monkeypatch.setattr("scalevec_lit.callbacks.checkpoint.torch.save", crash)
+    monkeypatch.setattr("scalevec_lit.callbacks._checkpoint_io.torch.save", crash)
     with pytest.raises(KeyboardInterrupt):
         io.save_checkpoint({"step": 2, "w": torch.zeros(3)}, path)
     monkeypatch.undo()
@@ -160,7 +160,7 @@ def test_a_full_disk_while_saving_names_the_checkpoint_and_keeps_the_earlier_one
         fh.write(b"PK\x03\x04 the start")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("scalevec_lit.callbacks.checkpoint.torch.save", full)
+    monkeypatch.setattr("scalevec_lit.callbacks._checkpoint_io.torch.save", full)
     with pytest.raises(RunError) as info:
         io.save_checkpoint({"step": 2}, path)
     monkeypatch.undo()
