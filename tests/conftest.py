@@ -45,17 +45,21 @@ FILE_COST = {
     "test_restart_policy.py": 190, "test_distributed.py": 88, "test_exit_codes.py": 79, "test_plan_memory.py": 73,
     "test_installed.py": 70, "test_moe_model.py": 69, "test_callbacks.py": 62, "test_remote_data.py": 62,
     "test_study_loggers.py": 62, "test_extensions.py": 54, "test_lost_rank.py": 53, "test_downstream_eval.py": 51,
-    "test_export_files.py": 49, "test_generate.py": 48, "test_compile_memory.py": 42, "test_async_checkpoint.py": 41,
+    "test_export_files.py": 49, "test_generate.py": 48, "test_compile_memory.py": 42, "test_async_checkpoint.py": 85,
     "test_study_estimate.py": 37, "test_evaluate_ranks.py": 35, "test_compile_report.py": 31,
     "test_reshard_workers.py": 70,  # estimated: 62 s of real fits measured on a busy machine, 6 s of loaders
     "test_data_threads.py": 30,  # estimated: 14 s measured on a busy machine (server, two prepares, three fits)
     "test_checkpoint_folder.py": 36,  # measured on a busy machine: a 2-process FSDP2 fit and its resume
     "test_checkpoint_folder_full.py": 22,  # measured on a busy machine: two 1-process FSDP2 fits
-    "test_output_folders.py": 23, "test_optim.py": 23, "test_first_run.py": 20,
+    "test_output_folders.py": 23, "test_optim.py": 23, "test_first_run.py": 90,
     "test_class_values.py": 16,  # measured on a busy machine (load 5): 32 in-process parses of fit
     # issue 45 (measured alone on the 2-core machine): restart_policy's stopped rank waits out torchrun's
     # 30-second grace (+90 s); two 2-process fits and a resume; two servers and fits from them
     "test_lost_rank_cases.py": 70, "test_remote_midfit.py": 60,
+    # issue 46 (measured alone on the 2-core machine): a SLURM cluster and its jobs; two hosts in namespaces,
+    # their four faults and the elastic run; the global-batch resume chain; test_first_run's prepare, CSV and
+    # 2-process fits, test_async_checkpoint's FSDP2 kill
+    "test_slurm.py": 175, "test_elastic_hosts.py": 120, "test_two_hosts.py": 95, "test_reshard_global_batch.py": 70,
 }
 
 
