@@ -35,7 +35,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELLS = {"", "bash", "sh", "shell", "console"}
 MARKERS = {"gpu", "placeholder"}
 CLI = ("python -m scalevec_lit", ".venv/bin/python -m scalevec_lit", "scalevec-lit ")  # the console script too
-TRACKED = ("recipes/", "benchmarks/", "launch/", "scalevec_lit/", "docs/", "tests/", "results/", "callbacks/")
+TRACKED = ("recipes/", "benchmarks/", "launch/", "scalevec_lit/", "docs/", "tests/", "results/", "callbacks/", "tools/")
 LIGHTNING = ("fit", "validate", "test")
 ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
 
