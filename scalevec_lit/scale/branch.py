@@ -64,6 +64,9 @@ class Branch:
 
     @property
     def key(self) -> Optional[str]:
+        """The strategy branch whose placement this one takes (``model.strategy.placement.<key>``), also the name of
+        its γ with HG: ``follows`` when set, else its own name when it is one of ``BRANCHES``; ``None``: no
+        placement names it (plain ``input``, and its own name with HG)."""
         if self.follows is not None:
             return self.follows
         return self.name if self.name in BRANCHES else None

@@ -28,6 +28,9 @@ DECAYED_BY = "scale_decay_by"
 
 @dataclass(frozen=True)
 class ScaleParam:
+    """One scale parameter as ``scale_parameters`` yields it: where it lives and its role (``info``, with ``part``),
+    its name in the model, the parameter, the vector and the site that own it, and the weights that read it."""
+
     info: ScaleInfo
     name: str  # the parameter's qualified name in the model (for checkpoints and logs only)
     param: nn.Parameter

@@ -47,9 +47,16 @@ __all__ = ["Branch", "Consumer", "Factors", "INPUT", "InputScale", "NormSite", "
 
 
 class ScaleSite(nn.Module):
-    """Base of every module that owns scale vectors: ``scale_vectors()`` and ``consumers(vector)``."""
+    """Base of every module that owns scale vectors: ``scale_vectors()`` and ``consumers(vector)``.
+
+    The registry (``scale_parameters``) finds a model's vectors only through these: a subclass implements
+    ``scale_vectors`` and overrides ``consumers``, ``divides_size_out`` and ``fold_`` where they apply. ``convert``
+    needs ``convert_from_(source) -> list[str]`` of any other site than ``NormSite`` and ``OutputNorm``."""
 
     def scale_vectors(self) -> Iterator[tuple[ScaleInfo, ScaleVector]]:  # pragma: no cover - abstract
+        """Every scale vector this site owns, once each, as ``(ScaleInfo(layer, site, branch, role), vector)``;
+        ``part`` stays '' (the registry adds one entry per ``vector.parts()``). The role is the site's to say:
+        ``input`` when a linear map absorbs the vector exactly, else ``output``. A subclass must implement it."""
         raise NotImplementedError
 
     def consumers(self, vector: ScaleVector) -> Optional[list[Consumer]]:
@@ -57,7 +64,10 @@ class ScaleSite(nn.Module):
         return None
 
     def divides_size_out(self, vector: ScaleVector) -> bool:
-        """Its placement divides ``vector``'s size out (``scale/keeps.py``; default: a site without consumers)."""
+        """True when every consumer of ``vector`` (one of this site's) normalizes its output, so that the loss sees
+        γ's size only through that norm's ε (``ScaleStrategy.magnitude_before_norm``); the monitor then names a
+        magnitude part without gradient as that invariance. Default False (a site without such consumers);
+        ``NormSite`` answers from its placement (``scale/keeps.py``)."""
         return False
 
     @torch.no_grad()
@@ -74,6 +84,10 @@ class NormSite(ScaleSite):
     ``absorbed_by``: for each branch declared ``absorbed_downstream``, the map that reads its output linearly
     (a module with a ``weight``, or ``(owner, attribute)`` of a bare parameter): the fold of a normalized
     output scale goes into its columns. A missing or unexpected one is refused here, when the site is built.
+
+    The library reads a site only through ``factors``, ``input_scales`` / ``output_vector`` (written through
+    ``ScaleVector.set_gamma_``), ``divides_size_out``, ``scale_vectors`` / ``consumers`` and ``fold_``: a subclass
+    that changes ``forward`` keeps every one of them true to it.
     """
 
     #: whether a normalized output scale ``u`` holds an exact 0, set before a compiled block runs (zero_check.py)
@@ -150,7 +164,9 @@ class NormSite(ScaleSite):
         return self.scales[key]()
 
     def factors(self, name: str) -> Factors:
-        """Branch ``name`` as factors around its weight (``branch.Factors``)."""
+        """Branch ``name`` as factors around its weight (``branch.Factors``). Fold, convert, export, inspect and
+        the architecture adapters read a branch through this alone, never through the site's attributes, so it
+        describes exactly what ``forward`` computes for the branch (live tensors: detach to read values)."""
         b = self.by_name[name]
         norm = self._normalizes(name)
         u = self._u_full(b)
@@ -281,6 +297,9 @@ class NormSite(ScaleSite):
 
     # -- registry, consumers, folding ------------------------------------------------------------------------
     def scale_vectors(self) -> Iterator[tuple[ScaleInfo, ScaleVector]]:
+        """Each input-side γ (branch ``shared``, or the branch's key with HG; role ``input``, site ``site``), then
+        each branch's output-side u (site ``proj_site`` or the branch's own; role ``input`` when a linear map
+        absorbs it, else ``output``), then each routed expert's γ_i (branch ``expert<i>``, role ``input``)."""
         for key, vec in self.scales.items():
             yield ScaleInfo(self.layer, self.site, key, INPUT), vec
         for b in self.branches:
@@ -320,6 +339,9 @@ class NormSite(ScaleSite):
 
     @torch.no_grad()
     def init_weights(self) -> None:
+        """Re-initialize in place (``Transformer.reset_parameters`` calls it, also after a build on the meta
+        device): every consumer weight N(0, ``init_std``²), and every scale vector of the site, input side, output
+        side and per expert, through its own ``reset_parameters`` (a class without one is left as built)."""
         for proj in self.proj.values():
             proj.init_weights()
         for vec in [*self.scales.values(), *(self.expert_scales or ())]:
@@ -343,8 +365,10 @@ class OutputNorm(ScaleSite):
 
     @torch.no_grad()
     def init_weights(self) -> None:
+        """Reset the scale vector through its ``reset_parameters`` (``Transformer.reset_parameters`` calls it)."""
         if hasattr(self.scale, "reset_parameters"):
             self.scale.reset_parameters()
 
     def scale_vectors(self) -> Iterator[tuple[ScaleInfo, ScaleVector]]:
+        """Its one vector: branch ``out``, role ``output`` (the residual add reads it; no linear map absorbs it)."""
         yield ScaleInfo(self.layer, self.site, "out", OUTPUT), self.scale

@@ -48,6 +48,7 @@ class Placement:
                 )
 
     def of(self, branch: str) -> str:
+        """The placement of ``branch`` (one of ``BRANCHES``): ``input``, ``output``, ``dual`` or ``dual_norm``."""
         return getattr(self, branch)
 
 

@@ -54,4 +54,6 @@ class ScaleInfo:
 
     @property
     def tag(self) -> str:
+        """``<role>/<site>/<branch>/<layer>/<part>`` (layer ``layer00`` ... or ``final``): the middle of every
+        monitor tag, to which ``scale_tag`` adds the prefix and the statistic."""
         return f"{self.role}/{self.site}/{self.branch}/{layer_label(self.layer)}/{self.part}"

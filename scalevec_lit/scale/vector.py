@@ -75,9 +75,16 @@ def check_finite(vector: "ScaleVector", gamma: torch.Tensor) -> None:
 
 
 class ScaleVector(nn.Module):
-    """Base class: see the module docstring for the contract. Subclasses create their parameters (initialised)
-    in ``__init__(dim, ...)`` and implement ``forward``, ``reset_parameters`` and, for ``convert``,
-    ``set_gamma_``.
+    """Base class of every parameterization of a scale vector γ (the module docstring states the whole contract).
+
+    A subclass creates its parameters, already initialised, in ``__init__(dim, ...)``; the model is first built on
+    the meta device, so ``__init__`` computes numbers from its arguments only, never from a tensor's values. It
+    implements ``forward()`` (no argument: γ of shape ``[dim]``, differentiable in the parameters) and, when it has
+    parameters, ``reset_parameters()`` (the base has none): it puts them back, in place and under
+    ``torch.no_grad()``, to the state ``__init__`` builds, reading only the constructor's arguments (kept as
+    attributes). For ``convert`` and ``import`` it implements ``set_gamma_``, the inverse (what it may read: see
+    that method). The name of each parameter (``parts()``: ``scale``, ``magnitude``, ``direction``) is how decay
+    rules, optimizer groups and monitor tags address it; the site, not the class, gives the vector its role.
 
     ``is_identity`` is True for parameterizations that are γ ≡ 1 without parameters (``NoScale``), so that
     callers skip the multiply entirely. ``conserved`` names the quantity that gradient flow conserves
@@ -162,6 +169,7 @@ class PlainScale(ScaleVector):
         return self.scale
 
     def reset_parameters(self) -> None:
+        """``w = init`` (γ ≡ ``init``), the state ``__init__`` builds."""
         nn.init.constant_(self.scale, self.init)
 
     def set_gamma_(self, gamma: torch.Tensor) -> bool:
@@ -186,6 +194,7 @@ class UnitOffsetScale(ScaleVector):
         return 1.0 + self.scale
 
     def reset_parameters(self) -> None:
+        """``w = 0`` (γ ≡ 1), the state ``__init__`` builds."""
         nn.init.zeros_(self.scale)
 
     def set_gamma_(self, gamma: torch.Tensor) -> bool:
@@ -220,6 +229,7 @@ class DirectionScale(ScaleVector):
         return self.direction * torch.rsqrt(self.direction.pow(2).mean().clamp_min(1e-24))
 
     def reset_parameters(self) -> None:
+        """``α = 1`` (γ ≡ 1), the state ``__init__`` builds."""
         nn.init.ones_(self.direction)
 
     def set_gamma_(self, gamma: torch.Tensor) -> bool:
@@ -266,6 +276,7 @@ class MagnitudeDirectionScale(ScaleVector):
         return self.magnitude * _unit_rms(self.direction, self.eps)
 
     def reset_parameters(self) -> None:
+        """``β = magnitude_init``, ``α = 1`` (γ ≡ β up to ``eps``), the state ``__init__`` builds."""
         nn.init.constant_(self.magnitude, self.magnitude_init)
         nn.init.ones_(self.direction)
 
@@ -304,5 +315,6 @@ class ExpMagnitudeDirectionScale(ScaleVector):
         return (col_sq.sum() - 2.0 * parts["magnitude"].sum()).reshape(1)
 
     def reset_parameters(self) -> None:
+        """``b = 0``, ``α = 1`` (γ ≡ 1 up to ``eps``), the state ``__init__`` builds."""
         nn.init.zeros_(self.magnitude)
         nn.init.ones_(self.direction)
