@@ -23,6 +23,7 @@ import importlib
 import io
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,6 +227,11 @@ def test_links_between_pages_resolve():
                 out.add(re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", title)))
         return out
 
+    # the API reference's pages are written from the code when the site is built (tools/api_pages.py)
+    sys.path.insert(0, str(ROOT / "tools"))
+    import api_pages
+
+    generated = {ROOT / "docs" / "api" / "index.md", *(ROOT / "docs" / "api" / f"{p.slug}.md" for p in api_pages.PAGES)}
     problems = []
     for page in PAGES:
         for number, line in enumerate(page.read_text().splitlines(), 1):
@@ -235,8 +241,50 @@ def test_links_between_pages_resolve():
                     continue
                 path, _, anchor = target.partition("#")
                 dest = (page.parent / path).resolve() if path else page
+                if dest in generated:
+                    continue
                 if not dest.exists():
                     problems.append(f"{page.relative_to(ROOT)}:{number}: {target}: no such file")
                 elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
                     problems.append(f"{page.relative_to(ROOT)}:{number}: {target}: no such heading in {dest.name}")
     assert not problems, "\n".join(problems)
+
+
+USER_PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "development.md")]
+PRIVATE = re.compile(r"(?:^|[./\s(])(_[A-Za-z]\w*)")  # a name or path component with one leading underscore
+WORDS_PER_PAGE, WORDS_IN_ALL = 1_600, 20_000
+
+
+def _code_spans(text: str) -> list[str]:
+    text = re.sub(r"^```.*?^```", lambda m: "`" + m.group(0).replace("`", "") + "`", text, flags=re.M | re.S)
+    return re.findall(r"`([^`]+)`", text)
+
+
+def test_user_pages_name_no_test_and_no_private_name():
+    """The README and the guides name what a user types, imports or sees: no test file or test function,
+    no private module or attribute (those belong to docs/development.md, docs/internals/ and the code)."""
+    tests = set()
+    for path in (ROOT / "tests").glob("*.py"):
+        tests |= set(re.findall(r"^def (test_\w+)", path.read_text(), flags=re.M))
+    problems = []
+    for page in USER_PAGES:
+        text = page.read_text()
+        for number, line in enumerate(text.splitlines(), 1):
+            for hit in re.findall(r"\btests/[\w/.]*|\btest_\w+", line):
+                if hit.startswith("tests/") or hit in tests:  # lm-eval's own keys (test_split) are the user's
+                    problems.append(f"{page.relative_to(ROOT)}:{number}: names the test {hit!r}")
+        for span in _code_spans(text):
+            if re.fullmatch(r"_[\w.-]*\.(png|csv|json|txt|md)", span):  # a file name's suffix: `<name>_B.png`
+                continue
+            for name in PRIVATE.findall(span):
+                if not name.startswith("__"):
+                    problems.append(f"{page.relative_to(ROOT)}: names the private {name!r} (in `{span[:80]}`)")
+    assert not problems, "\n".join(problems)
+
+
+def test_each_guide_is_short_and_all_of_them_half_of_what_they_were():
+    """About 1,500 words at most a page; the README and the guides together at most 20,000 words (half of
+    the 40,000 the pages held before they were rewritten task-first)."""
+    words = {p.relative_to(ROOT).as_posix(): len(p.read_text().split()) for p in USER_PAGES}
+    assert {p: n for p, n in words.items() if n > WORDS_PER_PAGE} == {}
+    assert sum(words.values()) <= WORDS_IN_ALL, words
