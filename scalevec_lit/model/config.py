@@ -125,6 +125,9 @@ class TransformerConfig:
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> "TransformerConfig":
+        """A copy of the named size ``SIZES[name]`` with ``overrides`` (field=value) replaced and checked again; the
+        size's derived fields (``n_kv_head``, ``head_dim``, ``intermediate_size``) stay unless overridden.
+        ``ValueError`` naming the known sizes for another name."""
         if name not in SIZES:
             raise ValueError(f"unknown model size {name!r}; known: {', '.join(SIZES)}")
         return replace(SIZES[name], **overrides)

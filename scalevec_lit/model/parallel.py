@@ -57,9 +57,13 @@ class OneNormParallelBlock(Block):
         )
 
     def build_attention(self, config: TransformerConfig, layer: int, strategy: ScaleStrategy) -> nn.Module:
+        """``CausalSelfAttention`` without a site of its own (W_o, the attention, the cache): ``forward`` gives it
+        q, k and v from ``self.input`` (``attend``)."""
         return CausalSelfAttention(config, layer, strategy, with_input=False)
 
     def build_mlp(self, config: TransformerConfig, layer: int, strategy: ScaleStrategy) -> nn.Module:
+        """``SwiGLU`` without a site of its own (W_down): ``forward`` gives it gate and up from ``self.input``
+        (``combine``)."""
         return SwiGLU(config, layer, strategy, with_input=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -46,6 +46,12 @@ class Transformer(nn.Module):
         strategy: the scale-vector strategy (default: the standard one γ per norm).
         block: the block class (in Python, any callable ``(config, layer, strategy) -> nn.Module``; a recipe's
             ``model.block`` must name a ``Block`` subclass, with its ``init_args``). Recorded in checkpoints.
+
+    A subclass (built by a ``CausalLM.build_model`` override) whose constructor takes arguments beyond
+    ``(config, strategy, block)`` stores them in ``self.init_args`` (a dict): the checkpoint spec (``spec_of``)
+    records the class with them and rebuilds it as ``cls(config, strategy, block, **init_args)``, and fit refuses
+    a model that its spec would not rebuild. A subclass that overrides ``forward`` also overrides
+    ``forward_cached`` (else it decodes without the key/value cache).
     """
 
     def __init__(
@@ -92,6 +98,7 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
+        """The embedding: N(0, ``init_std``²); every other module initializes its own (``reset_parameters``)."""
         nn.init.normal_(self.embed.weight, 0.0, self.config.init_std)
 
     @torch.no_grad()
@@ -178,6 +185,9 @@ class Transformer(nn.Module):
 
 @dataclass(frozen=True)
 class ParameterCount:
+    """A model's parameters (``count_parameters``): ``total`` (a tied head once), ``embedding``, ``scale`` (in scale
+    vectors) and ``active`` (used per token: an MoE layer's top-k routed experts only)."""
+
     total: int
     embedding: int
     scale: int  # scale-vector parameters
@@ -185,13 +195,17 @@ class ParameterCount:
 
     @property
     def active_non_embedding(self) -> int:
+        """``active − embedding``: the ``N_active`` of ``TransformerConfig.flops_per_token`` (LM head included)."""
         return self.active - self.embedding
 
     @property
     def scale_share(self) -> float:
+        """The scale vectors' fraction of ``total`` (0 to 1)."""
         return self.scale / max(1, self.total)
 
     def summary(self) -> str:
+        """One line for logs: the total, the active count per token when it differs (MoE), and the scale vectors'
+        count and share in percent."""
         line = f"parameters: {self.total:,} total"
         if self.active != self.total:
             line += f", {self.active:,} active per token"
