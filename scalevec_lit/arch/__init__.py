@@ -19,7 +19,10 @@ from .base import HFArchitecture
 
 
 def register(cls: type[HFArchitecture]) -> type[HFArchitecture]:
-    """Add the adapter ``cls`` (a class decorator); refused when another class has its architecture name."""
+    """Add the adapter ``cls`` (a class decorator; returns ``cls``). ``cls`` is an ``HFArchitecture`` subclass with
+    ``architecture`` and ``title`` set (else ``TypeError``); the registry holds one instance of it, made with no
+    argument, and export and import consider it with the shipped ones, by ``priority``. Registering the same class
+    again replaces it; another class with its architecture name is refused (``ValueError``: ``unregister`` first)."""
     if not (isinstance(cls, type) and issubclass(cls, HFArchitecture)) or not cls.architecture or not cls.title:
         raise TypeError(f"register: {cls!r} is not an HFArchitecture subclass with architecture and title set")
     old = _REGISTRY.get(cls.architecture)

@@ -32,6 +32,8 @@ class ModelFacts:
 
 
 def facts_of(model) -> ModelFacts:
+    """The ``ModelFacts`` of a (folded) ``model``: MoE when any block's ``mlp`` is an ``MoE`` (then its
+    ``config.moe.router``), QK-norm when q and k of the first block's attention site both normalize their output."""
     moe_cls = moe_class()
     moe = moe_cls is not None and any(type(getattr(b, "mlp", None)) is moe_cls for b in model.blocks)
     site = getattr(getattr(model.blocks[0], "attn", None), "input", None) if len(model.blocks) else None
@@ -54,7 +56,8 @@ def join_or(titles: Iterable[str]) -> str:
 
 
 class Refusals:
-    """Problems by site, with the layers where they occur (one line per site in the message)."""
+    """Problems by site, with the layers where they occur (one line per site in the message). The same problem
+    text added from several layers is one line; ``{amount}`` in it is replaced by the largest amount given."""
 
     def __init__(self, n_layer: int) -> None:
         self.n_layer, self.layers, self.amount = n_layer, {}, {}
@@ -65,6 +68,8 @@ class Refusals:
         self.amount[problem] = max(self.amount.get(problem, 0.0), amount)
 
     def lines(self) -> list[str]:
+        """One line per problem, in the order added: its layers (``every layer``, ``layers 0, 2``; none for a
+        model-wide one), the problem, and ``NATIVE_HINT``. Empty when nothing was refused."""
         out = []
         for problem, layers in self.layers.items():
             where = "" if layers == [None] else "every layer, " if len(layers) == self.n_layer else (

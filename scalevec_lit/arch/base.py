@@ -41,7 +41,13 @@ def refuse(where: str, key: str, value: Any, problem: str, fix: str) -> UserErro
 
 class HFArchitecture:
     """One transformers architecture (subclass it, set the class attributes, override what differs, and
-    decorate the class with ``scalevec_lit.arch.register``)."""
+    decorate the class with ``scalevec_lit.arch.register``).
+
+    Export calls ``fits``, then ``check`` (per block ``check_attention`` and ``check_dense`` or ``check_moe``, then
+    ``check_moe_model``) on the folded model, then writes the rows of ``names`` through ``export_tensor`` and
+    ``hf_config`` (its ``config_extra``); import, when ``importable``, reads ``config_from_hf`` (``import_checks``,
+    ``moe_from_hf``, ``qk_norm_from_hf``) and the same ``names``. A site is read through ``NormSite.factors`` (and
+    the scale registry), never through its attributes. The registry holds one instance, made with no argument."""
 
     architecture: str = ""  #: the transformers class, config.json's ``architectures``
     model_type: str = ""  #: config.json's ``model_type``
@@ -110,6 +116,9 @@ class HFArchitecture:
             self.check_moe_model(model.config.moe, facts, r)
 
     def check_attention(self, attn, i: int, facts: ModelFacts, r: Refusals) -> None:
+        """Add to ``r`` (``r.add(problem, i)``, a phrase that ends with the fix) what this architecture cannot hold in
+        block ``i``'s attention ``attn`` (a ``CausalSelfAttention``): a sublayer output norm, DNP on v, QK-norm on one
+        of q and k only, a channel-shaped u on q/k that differs between heads. An override may call ``super()``."""
         site = attn.input
         if attn.out_norm is not None:
             r.add("attn_output: a sublayer output norm (model.strategy.sublayer_output_norm: true) has no place in "
@@ -133,6 +142,8 @@ class HFArchitecture:
     DNP_PROBLEM = "normalizes its output, which no standard architecture does; use input, output or dual there"
 
     def check_dense(self, mlp, i: int, facts: ModelFacts, r: Refusals) -> None:
+        """Add to ``r`` what this architecture cannot hold in block ``i``'s dense MLP ``mlp`` (a ``SwiGLU``): a
+        sublayer output norm, DNP on gate or up."""
         self._output_norm(mlp, i, r)
         for branch in ("gate", "up"):
             f = mlp.input.factors(branch)
@@ -145,6 +156,9 @@ class HFArchitecture:
                   f"{self.every_title()}; set it to false", i)
 
     def check_moe(self, mlp, i: int, facts: ModelFacts, r: Refusals) -> None:
+        """Add to ``r`` what this architecture cannot hold in block ``i``'s MoE MLP ``mlp``: a sublayer output norm,
+        DNP on the experts' gate or up or on the router, shared experts or a nonzero selection bias where the class
+        attributes (``shared_experts``, ``selection_bias``) say it has none, naming the architectures that do."""
         self._output_norm(mlp, i, r)
         site = mlp.input
         for branch in ("gate", "up"):
@@ -265,6 +279,9 @@ class HFArchitecture:
         return None
 
     def qk_norm_from_hf(self, cfg: dict[str, Any]) -> bool:
+        """Whether a checkpoint with ``config.json`` ``cfg`` has QK-norm (imported as DNP on q and k with a per-head
+        u). Default: the class attribute ``qk_norm``; an importable adapter whose ``qk_norm`` is None (a
+        ``config.json`` flag) overrides it to read that flag."""
         return bool(self.qk_norm)
 
     def config_from_hf(self, cfg: dict[str, Any], where: str = "config.json") -> tuple[TransformerConfig, dict[str, Any]]:

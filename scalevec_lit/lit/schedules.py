@@ -18,7 +18,12 @@ from typing import Literal, Optional
 
 
 class Schedule:
-    """Base: ``multiplier(step)`` in [0, 1] with linear warmup over ``warmup_steps``."""
+    """Base: ``multiplier(step)`` in [0, 1] with linear warmup over ``warmup_steps``.
+
+    Called as ``schedule(step)`` by ``LambdaLR`` with the 0-based optimizer step: ``warmup(step)`` below
+    ``warmup_steps``, ``after_warmup(step)`` from there on. A new schedule subclasses it and overrides
+    ``after_warmup`` (and ``check`` to validate its own options once ``max_steps`` is known); its constructor
+    arguments are what a recipe gives as ``init_args``, and it passes ``warmup_steps`` and ``max_steps`` on."""
 
     def __init__(self, warmup_steps: int = 0, max_steps: Optional[int] = None) -> None:
         if warmup_steps < 0:
@@ -52,6 +57,8 @@ class Schedule:
                    f"warming up over {self.warmup_steps} steps instead")
 
     def total_steps(self) -> int:
+        """``max_steps``, the run's length in optimizer steps (a decay reaches its floor there); ``ValueError`` while
+        it is unknown (neither given nor set by ``with_max_steps``)."""
         if self.max_steps is None:
             raise ValueError(
                 f"model.schedule.max_steps: None; {type(self).__name__} needs the run length after warmup: set "
@@ -60,9 +67,13 @@ class Schedule:
         return self.max_steps
 
     def warmup(self, step: int) -> float:
+        """The multiplier during warmup: ``(step + 1) / warmup_steps``, linear up to 1 at the last warmup step."""
         return (step + 1) / self.warmup_steps if step < self.warmup_steps else 1.0
 
     def after_warmup(self, step: int) -> float:
+        """The multiplier at ``step >= warmup_steps``, in [0, 1]: what a subclass overrides (the base: 1). It may
+        read ``warmup_steps`` (already clipped to the run) and ``total_steps()``, and holds its final value for
+        steps past ``max_steps``."""
         return 1.0
 
     def __call__(self, step: int) -> float:
@@ -88,6 +99,7 @@ class WarmupCosine(Schedule):
         super().__init__(warmup_steps, max_steps)
 
     def after_warmup(self, step: int) -> float:
+        """Cosine from 1 at the end of warmup down to ``min_lr_ratio`` at ``max_steps``, held there after."""
         total = max(1, self.total_steps() - self.warmup_steps)
         progress = min(1.0, (step - self.warmup_steps) / total)
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
@@ -129,6 +141,8 @@ class WSD(Schedule):
             )
 
     def after_warmup(self, step: int) -> float:
+        """1 until the decay starts (``max_steps − decay_steps()``), then ``decay_shape`` down to ``min_lr_ratio``
+        at ``max_steps``, held there after."""
         total = self.total_steps()
         decay_steps = self.decay_steps()
         start = total - decay_steps
