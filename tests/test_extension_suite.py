@@ -13,7 +13,7 @@ monitor's tags, the decay groups, ``export`` (exact, or refused by name), ``conv
 copy), resume, the ``generate`` command and the Python ``generate()``. One fit runs as ``python -m scalevec_lit``
 in a process of its own, with the user package on ``PYTHONPATH`` only. Conversion to another strategy and the
 single cases are in ``tests/test_extension_cases.py`` (the shared runs: ``tests/extension_runs.py``);
-``docs/subclassing.md`` names a test beside each statement.
+``docs/internals/extensions.md`` names the tests of each statement of ``docs/subclassing.md``.
 """
 from __future__ import annotations
 
