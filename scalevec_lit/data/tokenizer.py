@@ -24,7 +24,10 @@ DEFAULT_TOKENIZER = CORPUS_DIR / "tokenizer.json"
 
 
 class Tokenizer:
-    """Load a ``tokenizer.json`` and encode documents with an end-of-text id appended."""
+    """Load a ``tokenizer.json`` and encode documents with an end-of-text id appended.
+
+    ``path``: the file, or a folder that holds one; ``eos_id``: the id of the first of ``EOS_CANDIDATES`` that
+    the file has (one is required). ``key`` is the option named in errors."""
 
     def __init__(self, path: str | Path, key: str = "tokenizer") -> None:
         from tokenizers import Tokenizer as HFTokenizer
@@ -53,13 +56,17 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """Number of ids, added tokens included: the model's vocabulary must hold every one."""
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, eos: bool = True) -> list[int]:
+        """The ids of ``text`` (no special token added by the tokenizer), then ``eos_id`` when ``eos``: the
+        end-of-text id that separates documents in the training data."""
         ids = self._tok.encode(text, add_special_tokens=False).ids
         return ids + [self.eos_id] if eos else ids
 
     def decode(self, ids: Iterable[int]) -> str:
+        """The text of ``ids``, special tokens (the end-of-text one included) left out."""
         return self._tok.decode(list(ids))
 
     def fingerprint(self) -> str:

@@ -98,6 +98,9 @@ def _device(name: str) -> torch.device:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
+    """The command line ``python -m scalevec_lit evaluate`` (``argv``: its arguments, default ``sys.argv[1:]``):
+    checks the options and task names before the model is read, runs lm-eval's tasks, prints lm-eval's table and
+    writes ``--out`` all or nothing. Needs lm-eval (the ``eval`` extra); a ``UserError`` names a bad option."""
     args = _parser().parse_args(argv)
     _check(args)
     require_lm_eval()

@@ -73,14 +73,18 @@ class ScaleVecLM(TemplateLM):
     # -- what lm-eval asks of a model -------------------------------------------------------------------
     @property
     def eot_token_id(self) -> int:
+        """The tokenizer's end-of-text id: the context of an empty one, and a stop of ``generate_until``."""
         return self.tok.eos_id
 
     @property
     def max_length(self) -> int:
+        """The model's context, ``config.seq_len``: a longer request loses tokens from the left."""
         return int(self.model.config.seq_len)
 
     @property
     def max_gen_toks(self) -> int:
+        """The most tokens ``generate_until`` adds to a context, unless the task's ``generation_kwargs`` set
+        their own."""
         return self._max_gen_toks
 
     @property
@@ -91,9 +95,11 @@ class ScaleVecLM(TemplateLM):
         return self.tok.encode(string, eos=False)
 
     def tok_decode(self, tokens: list[int]) -> str:
+        """The text of ``tokens`` (``Tokenizer.decode``)."""
         return self.tok.decode(tokens)
 
     def get_model_info(self) -> dict:
+        """What lm-eval records of the model in its results: parameter count, dtype and ``name``."""
         return {"model_num_parameters": sum(p.numel() for p in self.model.parameters()),
                 "model_dtype": str(next(self.model.parameters()).dtype), "model_name": self.name}
 

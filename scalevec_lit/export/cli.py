@@ -38,6 +38,9 @@ def export(ckpt: str | Path, out: str | Path, *, format: str = "hf", tokenizer: 
 
 
 def main(argv: Optional[list[str]] = None) -> None:
+    """The command line ``python -m scalevec_lit export`` (``argv``: its arguments, default ``sys.argv[1:]``): runs
+    ``export`` and prints what it wrote; an error is one paragraph and ``SystemExit`` with code 2 (an argument)
+    or 1 (a damaged checkpoint)."""
     parser = CommandLineParser(
         prog="python -m scalevec_lit export",
         description="Fold the scale vectors of a checkpoint and write a transformers model folder (or ours).",

@@ -40,6 +40,9 @@ ARCHITECTURES = _Architectures()
 
 @dataclass
 class HFLayout:
+    """A folded model in a transformers architecture's terms (``hf_layout``): the architecture's name, its
+    ``config.json`` and every tensor by its checkpoint name."""
+
     architecture: str
     config: dict[str, Any]
     tensors: dict[str, torch.Tensor] = field(repr=False)

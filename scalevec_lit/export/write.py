@@ -74,6 +74,9 @@ def _default_note(tokenizer: Optional[Path]) -> str:
 
 @dataclass
 class ExportResult:
+    """What an export wrote: the folder, ``format`` (``hf`` or ``native``), the architecture written, the files
+    (relative to ``out``) and where the tokenizer came from."""
+
     out: Path
     format: str
     architecture: str

@@ -301,6 +301,11 @@ class Converted:
 
 def convert_checkpoint(ckpt: str | Path, strategy: str | Path, out: str | Path, *, allow_function_change: bool = False,
                        tokenizer: Optional[str | Path] = None, overwrite: bool = False) -> Converted:
+    """What ``python -m scalevec_lit convert`` runs: read ``ckpt`` (a native folder, ``.ckpt`` or distributed
+    checkpoint), convert its model into the strategy of the preset or recipe file ``strategy`` (``convert_model``:
+    what is refused and when) and write it natively into ``out`` with ``model.yaml`` (``write_native``), with
+    ``tokenizer`` (default: the checkpoint's). ``out`` is checked before the checkpoint is read and written all or
+    nothing; ``overwrite`` replaces an earlier output of export/import/convert."""
     sources = [("--ckpt", ckpt), ("--strategy", strategy), ("--tokenizer", tokenizer)]
     OutputFolder(out, command="convert", inputs=sources, overwrite=overwrite).check()  # before the long read
     read = read_contents(ckpt)

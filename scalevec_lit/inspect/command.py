@@ -94,6 +94,8 @@ def _inspect(path: str, compare: Optional[str], out: Optional[Path]) -> tuple[st
 
 
 def main(argv: Optional[list[str]] = None) -> None:
+    """The command line ``python -m scalevec_lit inspect`` (``argv``: its arguments, default ``sys.argv[1:]``):
+    prints ``inspect``'s tables and, with ``--out``, the files written there."""
     args = _parser().parse_args(argv)
     text, written = inspect(args.path, args.compare, args.out, args.overwrite)
     print(text)

@@ -45,10 +45,12 @@ class Loaded:
 
     @property
     def n_layer(self) -> int:
+        """The model's number of blocks (``config.n_layer``); ``--compare`` needs the same on both sides."""
         return int(self.model.config.n_layer)
 
     @property
     def label(self) -> str:
+        """The last component of ``path`` (``path`` itself when it has none): the model's name in figures."""
         return Path(self.path).name or self.path
 
 

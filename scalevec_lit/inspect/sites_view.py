@@ -31,6 +31,7 @@ class FoldTarget:
     expert: Optional[int] = None
 
     def describe(self) -> str:
+        """``<axis> of <weight>`` (``[<expert>]`` after the weight for one expert's slice), for reports."""
         where = f"{self.weight}[{self.expert}]" if self.expert is not None else self.weight
         return f"{self.axis} of {where}"
 
@@ -53,10 +54,12 @@ class VectorView:
 
     @property
     def layer_name(self) -> str:
+        """The layer as tags and figures name it: ``layer00``, ``layer01``, ... or ``final``."""
         return layer_label(self.layer)
 
     @property
     def key(self) -> tuple[int, str, str, str]:
+        """``(layer, site, branch, role)``: what pairs a vector with its counterpart in ``--compare``'s model."""
         return (self.layer, self.site, self.branch, self.role)
 
 

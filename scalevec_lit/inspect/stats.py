@@ -35,6 +35,7 @@ class Row:
 
     @property
     def conserved_summary(self) -> dict[str, Optional[float]]:
+        """``c_mean``, ``c_min`` and ``c_max`` of the conserved quantity (each None when there is none)."""
         c = self.conserved
         if c is None:
             return {"c_mean": None, "c_min": None, "c_max": None}
