@@ -169,7 +169,7 @@ def test_command_on_a_checkpoint_writes_the_table_json_and_samples(tmp_path, cap
     out = tmp_path / "eval" / "results.json"
     code, text = main_in_process(capfd, ["evaluate", "--ckpt_path", ckpt, "--tasks", "tiny_choice,tiny_gen",
                                          "--include_path", TASKS, "--limit", "4", "--batch_size", "4",
-                                         "--out", out, "--log_samples"])  # docs/evaluate.md's command
+                                         "--out", out, "--log_samples"])  # docs/evaluate.md's options, on the test tasks
     assert code == 0, text[-3000:]
     assert "|tiny_choice|" in text and "|acc_norm" in text and "|tiny_gen   |" in text  # lm-eval's table
     data = json.loads(out.read_text())
