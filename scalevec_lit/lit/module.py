@@ -79,6 +79,11 @@ class CausalLM(TrainingSteps):
         init_from: start from this checkpoint's weights only (a native folder from ``import``/``convert``,
             a ``.ckpt`` or a distributed checkpoint folder): fresh optimizer and schedule; the recipe must
             build the same model (checked at construction, ``init_from.py``); its vocabulary is the checkpoint's.
+
+    To train another model class, subclass it and override ``build_model`` (a recipe names the subclass in
+    ``model.class_path``). ``configure_model`` calls it once, on the meta device under a sharded strategy: the
+    model it returns initializes every parameter in ``reset_parameters`` and records its extra constructor
+    arguments in ``init_args`` (checked at fit start).
     """
 
     def __init__(
