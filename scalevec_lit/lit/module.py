@@ -81,9 +81,9 @@ class CausalLM(TrainingSteps):
             build the same model (checked at construction, ``init_from.py``); its vocabulary is the checkpoint's.
 
     To train another model class, subclass it and override ``build_model`` (a recipe names the subclass in
-    ``model.class_path``). ``configure_model`` calls it once, on the meta device under a sharded strategy: the
-    model it returns initializes every parameter in ``reset_parameters`` and records its extra constructor
-    arguments in ``init_args`` (checked at fit start).
+    ``model.class_path``). ``configure_model`` calls it once (on the meta device with ``parallel.meta_init``), and
+    fit start rebuilds the model from its spec on the meta device: the model it returns initializes every
+    parameter in ``reset_parameters`` and records its extra constructor arguments in ``init_args``.
     """
 
     def __init__(
