@@ -26,8 +26,8 @@ class Block(nn.Module):
     ``forward(x, cos, sin)`` returns the new residual stream ``[B, T, n_embd]`` (``cos``/``sin``: the RoPE tables
     of the positions of ``x``). Constructor arguments beyond the three are keywords (YAML: ``model.block.init_args``),
     recorded in checkpoints with the class. The model is first built on the meta device: ``__init__`` never reads
-    a tensor's values, and a module that owns parameters outside a scale site initializes them in its own
-    ``init_weights()``, which ``Transformer.reset_parameters`` calls.
+    the value of a parameter or of a tensor made with a shape, and a module that owns parameters outside a scale
+    site initializes them in its own ``init_weights()``, which ``Transformer.reset_parameters`` calls.
     """
 
     def __init__(self, config: TransformerConfig, layer: int, strategy: ScaleStrategy) -> None:

@@ -78,7 +78,7 @@ class ScaleVector(nn.Module):
     """Base class of every parameterization of a scale vector γ (the module docstring states the whole contract).
 
     A subclass creates its parameters, already initialised, in ``__init__(dim, ...)``; the model is first built on
-    the meta device, so ``__init__`` computes numbers from its arguments only, never from a tensor's values. It
+    the meta device, so ``__init__`` never reads the value of a parameter or of a tensor made with a shape. It
     implements ``forward()`` (no argument: γ of shape ``[dim]``, differentiable in the parameters) and, when it has
     parameters, ``reset_parameters()`` (the base has none): it puts them back, in place and under
     ``torch.no_grad()``, to the state ``__init__`` builds, reading only the constructor's arguments (kept as
