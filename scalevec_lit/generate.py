@@ -39,6 +39,8 @@ class Sampling:
     top_p: float = 1.0
 
     def check(self) -> None:
+        """Refuse settings that choose no token (a ``UserError`` naming the option, the value and the fix):
+        ``temperature`` finite and ≥ 0, ``top_k`` ≥ 1 or None, ``top_p`` in (0, 1]."""
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise UserError("--temperature", self.temperature, "must be a finite number ≥ 0 (0 is greedy decoding)",
                             "use e.g. --temperature 0.8, or --temperature 0 for greedy")
@@ -51,6 +53,7 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
+        """True for ``temperature`` 0: the most likely token every time, no randomness."""
         return self.temperature == 0
 
 

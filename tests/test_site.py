@@ -130,6 +130,22 @@ def test_every_public_name_has_a_documented_contract_on_its_api_page(site):
     assert not absent, "public names the built API reference does not show:\n" + "\n".join(absent)
 
 
+def test_every_fence_of_every_page_is_a_code_block_on_the_site(site):
+    """A fence with our markers (```bash gpu, ```bash placeholder) must still render as a block, and nothing
+    after it be swallowed: each page's built HTML holds one <pre> per fence of its Markdown, with its text."""
+    import html as html_lib
+
+    pages = {"index.html": ROOT / "README.md", "changelog.html": ROOT / "CHANGELOG.md"}
+    pages.update({p.relative_to(ROOT / "docs").with_suffix(".html").as_posix(): p for p in (ROOT / "docs").rglob("*.md")})
+    for built, source in pages.items():
+        fences = re.findall(r"^```[^\n]*\n(.*?)^```", source.read_text(), re.M | re.S)
+        page = (site / built).read_text()
+        shown = [html_lib.unescape(re.sub(r"<[^>]+>", "", b)) for b in re.findall(r"<pre[^>]*>(.*?)</pre>", page, re.S)]
+        assert len(shown) == len(fences), f"{built}: {len(fences)} fences in {source.name}, {len(shown)} blocks built"
+        for fence, block in zip(fences, shown):
+            assert " ".join(fence.split()) == " ".join(block.split()), (built, fence[:200], block[:200])
+
+
 def test_the_front_page_shows_the_readme(served, browser):
     readme = (ROOT / "README.md").read_text()
     title = re.search(r"^# (.+)$", readme, re.M).group(1)
@@ -165,3 +181,20 @@ def test_search_finds_a_guide(served, browser):
     hrefs = browser.js("Array.from(document.querySelectorAll('.md-search-result__item a'))"
                        ".map(a => a.getAttribute('href'))")
     assert any(h.split("?")[0].endswith("/monitoring.html") for h in hrefs), hrefs
+
+
+def test_every_name_the_guides_import_is_in_the_api_reference():
+    """A ``from scalevec_lit... import X`` on a user page (in an example or in the prose) names something the
+    API reference documents, so the reader can look up its contract."""
+    import importlib
+
+    documented = {id(obj) for page in api_pages.PAGES for _, _, obj in api_pages.documented(page)}
+    pages = [ROOT / "README.md", *(p for p in (ROOT / "docs").glob("*.md") if p.name != "development.md")]
+    imports, missing = 0, []
+    for page in pages:
+        for module, names in re.findall(r"from (scalevec_lit[\w.]*) import ([\w, ]+)", page.read_text()):
+            for name in (n.strip() for n in names.split(",") if n.strip()):
+                imports += 1
+                if id(getattr(importlib.import_module(module), name)) not in documented:
+                    missing.append(f"{page.name}: from {module} import {name}")
+    assert imports >= 10 and not missing, missing

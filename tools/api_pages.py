@@ -25,11 +25,11 @@ PAGES = (
     Page("scale", "Scale vectors and norm sites",
          "The scale vector (the gain of a norm), the sites that hold them, the strategy that places them, and "
          "folding. Subclass `ScaleVector` for a new parameterization and `NormSite` for a new place.",
-         (("scalevec_lit.scale", ()),)),
+         (("scalevec_lit.scale", ()), ("scalevec_lit.scale.convert", ("copy_scales_",)))),
     Page("model", "Model: blocks and configuration",
          "The plain-PyTorch Transformer, its blocks (subclass `Block` and override `build_attention`, "
          "`build_mlp` or `forward`), its configuration and parameter counting.",
-         (("scalevec_lit.model", ()),)),
+         (("scalevec_lit.model", ()), ("scalevec_lit.model.spec", ("spec_of",)))),
     Page("lit", "LightningModule, schedules and optimizers",
          "`CausalLM` wraps the model for Lightning; the schedules and `MuonAdamW` are chosen from a recipe.",
          (("scalevec_lit.lit", ()), ("scalevec_lit.lit.optim", ("MuonAdamW",)),
@@ -49,10 +49,11 @@ PAGES = (
     Page("export", "Checkpoints, export and import",
          "Reading checkpoints, exporting to the native and Hugging Face formats, importing and converting.",
          (("scalevec_lit.checkpoint", ()), ("scalevec_lit.export", ()), ("scalevec_lit.hub", ()))),
-    Page("evaluate", "Evaluate and inspect",
-         "The lm-eval adapter and the scale-vector inspector, for use from Python; import each name from "
-         "`scalevec_lit.evaluate` or `scalevec_lit.inspect`.",
-         (("scalevec_lit.evaluate", ()), ("scalevec_lit.inspect", ()))),
+    Page("evaluate", "Generate, evaluate and inspect",
+         "Text generation, the lm-eval adapter and the scale-vector inspector, for use from Python; import each "
+         "name from `scalevec_lit.generate`, `scalevec_lit.evaluate` or `scalevec_lit.inspect`.",
+         (("scalevec_lit.generate", ("generate", "Sampling")), ("scalevec_lit.evaluate", ()),
+          ("scalevec_lit.inspect", ()))),
 )
 
 
