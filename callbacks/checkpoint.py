@@ -78,7 +78,8 @@ def stopped_by_signal(trainer) -> int:
 
 class SafeModelCheckpoint(AsyncSaves, StopSignals, FinalSave, reshard.WorldRecord, ModelCheckpoint):
     """``ModelCheckpoint`` whose default folder survives restarts, whose writes are atomic, which owns its
-    folder for the run and saves on a stop signal.
+    folder for the run and saves on a stop signal. Every argument of ``ModelCheckpoint`` is taken as there;
+    these are its own:
 
     Args:
         stop_check_every_n_steps: with several processes, how often the ranks agree on a received stop
@@ -94,7 +95,6 @@ class SafeModelCheckpoint(AsyncSaves, StopSignals, FinalSave, reshard.WorldRecor
             CRC32 runs at about 1.25 GB/s per rank: 24 GB on 8 ranks cost ~2.4 s per rank per save and a second
             read of the folder at the resume (``benchmarks/checkpoint_checksums.py``). One-file checkpoints are
             always checked whole (their zip's own CRC32s).
-        All other arguments are ``ModelCheckpoint``'s.
     """
 
     def __init__(self, *args: Any, stop_check_every_n_steps: int = 10, async_save: bool = False,
