@@ -36,7 +36,7 @@ EXTRA_COMMANDS = {
 COMMAND_HELP = {
     "fit": "train a model from a YAML recipe (--config recipes/smoke.yaml); resume with --ckpt_path last",
     "validate": "the validation loss of a checkpoint (--ckpt_path) on a recipe's data",
-    "test": "the same on the test split",
+    "test": "that loss as test/loss, on the val split of --data.data_dir (a test set prepared into its own folder)",
     "predict": "Lightning's predict loop (no use for a language model here)",
     "prepare": "tokenize text, JSON Lines, parquet or a saved dataset into train/val chunks",
     "export": "fold the scale vectors and write a Hugging Face or native model folder",

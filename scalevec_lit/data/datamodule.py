@@ -339,6 +339,11 @@ class TokenDataModule(L.LightningDataModule):
             loaders = same_batch_count_on_every_rank(loaders)
         return loaders[0] if len(loaders) == 1 else loaders
 
+    def test_dataloader(self):
+        """The loaders of ``val_dataloader``: a prepared folder holds a train and a val split only, so ``test``
+        reads the val split (a test set is prepared into a folder of its own and given as ``data.data_dir``)."""
+        return self.val_dataloader()
+
     # -- resume: Lightning restores the loader position; a moved folder is followed when its data are the same --
     def state_dict(self) -> dict[str, Any]:
         return {"sources": [{"dir": d, "fingerprint": fp} for d, fp in zip(self.data_dirs, self._fingerprints)]}

@@ -4,7 +4,8 @@ optimizer, the checks before a run and the checkpoint's extras).
 A step: next-token cross-entropy plus the model's auxiliary losses (MoE balancing), the non-finite loss
 policy (``model.nonfinite``: skip, stop or raise; on CUDA checked without a host sync per step,
 ``nonfinite.py``), and what a step logs (loss, tokens, tokens per second, MFU). Validation keeps one
-token-weighted mean, and one per data source when the data has several.
+token-weighted mean, and one per data source when the data has several; ``test`` runs the same on the val
+split of the folders it is given (``test/loss``).
 """
 from __future__ import annotations
 
@@ -120,15 +121,28 @@ class TrainingSteps(L.LightningModule):
             self.val_source_loss[dataloader_idx].update(loss, weight=ntok)
 
     def on_validation_epoch_end(self) -> None:
+        self._log_heldout("val")
+
+    def test_step(self, batch: torch.Tensor, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """``test``: the validation step, on the loaders of ``TokenDataModule.test_dataloader`` (the val split of
+        ``data.data_dir``: a test set is a folder prepared on its own)."""
+        self.validation_step(batch, batch_idx, dataloader_idx)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_heldout("test")
+
+    def _log_heldout(self, prefix: str) -> None:
+        """Log the held-out loss gathered by ``validation_step`` as ``<prefix>/loss`` and ``<prefix>/ppl`` (and
+        ``<prefix>/<name>/...`` per source), and reset the metrics for the next run (``val`` or ``test``)."""
         loss = self.val_loss.compute()
         self.val_loss.reset()
-        self.log("val/loss", loss, prog_bar=True, sync_dist=False)
-        self.log("val/ppl", torch.exp(loss), sync_dist=False)
+        self.log(f"{prefix}/loss", loss, prog_bar=True, sync_dist=False)
+        self.log(f"{prefix}/ppl", torch.exp(loss), sync_dist=False)
         for name, metric in zip(self.val_source_names, self.val_source_loss or []):
             if metric.update_count:
                 source_loss = metric.compute()
-                self.log(f"val/{name}/loss", source_loss, sync_dist=False)
-                self.log(f"val/{name}/ppl", torch.exp(source_loss), sync_dist=False)
+                self.log(f"{prefix}/{name}/loss", source_loss, sync_dist=False)
+                self.log(f"{prefix}/{name}/ppl", torch.exp(source_loss), sync_dist=False)
             metric.reset()
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
