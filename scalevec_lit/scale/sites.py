@@ -6,7 +6,8 @@
   input-side scale of each branch (one shared γ, or one per branch with HG), the output-side scale ``u`` and
   intermediate norm that a placement adds. Roles, consumers and the maps that absorb a branch's output
   (``absorbed_by``) are fixed when it is built.
-- ``OutputNorm``: a norm on a sublayer's output before the residual add (Gemma/OLMo-2 style).
+- ``OutputNorm`` (``site_base.py``, with ``ScaleSite``, the base every site subclasses): a norm on a
+  sublayer's output before the residual add (Gemma/OLMo-2 style).
 The interface (what fold, convert, export, import and the MoE layer read; nothing outside ``scale/`` reads a
 placement or the site's attributes):
 
@@ -41,38 +42,10 @@ from .ops import apply_rope, rms_norm, scaled_linear
 from .strategy import ScaleStrategy, has_input_side, has_output_side, normalizes
 from .tags import INPUT, OUTPUT, TAG_PREFIX, ScaleInfo, ScaleTag, layer_label, parse_scale_tag, scale_tag
 from .vector import ScaleVector
+from .site_base import OutputNorm, ScaleSite  # the base of every site, and the simplest one
 
 __all__ = ["Branch", "Consumer", "Factors", "INPUT", "InputScale", "NormSite", "OUTPUT", "OutputNorm", "ScaleInfo",
            "ScaleSite", "ScaleTag", "TAG_PREFIX", "layer_label", "parse_scale_tag", "rms_norm", "scale_tag"]
-
-
-class ScaleSite(nn.Module):
-    """Base of every module that owns scale vectors: ``scale_vectors()`` and ``consumers(vector)``.
-
-    The registry (``scale_parameters``) finds a model's vectors only through these: a subclass implements
-    ``scale_vectors`` and overrides ``consumers``, ``divides_size_out`` and ``fold_`` where they apply. ``convert``
-    needs ``convert_from_(source) -> list[str]`` of any other site than ``NormSite`` and ``OutputNorm``."""
-
-    def scale_vectors(self) -> Iterator[tuple[ScaleInfo, ScaleVector]]:  # pragma: no cover - abstract
-        """Every scale vector this site owns, once each, as ``(ScaleInfo(layer, site, branch, role), vector)``;
-        ``part`` stays '' (the registry adds one entry per ``vector.parts()``). The role is the site's to say:
-        ``input`` when a linear map absorbs the vector exactly, else ``output``. A subclass must implement it."""
-        raise NotImplementedError
-
-    def consumers(self, vector: ScaleVector) -> Optional[list[Consumer]]:
-        """The weights that read ``vector`` (``None``: none that a law about them could use)."""
-        return None
-
-    def divides_size_out(self, vector: ScaleVector) -> bool:
-        """True when every consumer of ``vector`` (one of this site's) normalizes its output, so that the loss sees
-        γ's size only through that norm's ε (``ScaleStrategy.magnitude_before_norm``); the monitor then names a
-        magnitude part without gradient as that invariance. Default False (a site without such consumers);
-        ``NormSite`` answers from its placement (``scale/keeps.py``)."""
-        return False
-
-    @torch.no_grad()
-    def fold_(self) -> None:
-        """Fold every input-role scale into its consumers (default: a site with none)."""
 
 
 class NormSite(ScaleSite):
@@ -350,25 +323,3 @@ class NormSite(ScaleSite):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, site={self.site}, placement={self.placement}, key={self.key}"
-
-
-class OutputNorm(ScaleSite):
-    """``γ ⊙ x / RMS(x)`` on a sublayer's output, before the residual add: output role."""
-
-    def __init__(self, dim: int, strategy: ScaleStrategy, *, layer: int, site: str) -> None:
-        super().__init__()
-        self.layer, self.site, self.eps = layer, site, strategy.eps
-        self.scale = strategy.make_vector(dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.eps) if self.scale.is_identity else rms_norm(x, self.eps, self.scale())
-
-    @torch.no_grad()
-    def init_weights(self) -> None:
-        """Reset the scale vector through its ``reset_parameters`` (``Transformer.reset_parameters`` calls it)."""
-        if hasattr(self.scale, "reset_parameters"):
-            self.scale.reset_parameters()
-
-    def scale_vectors(self) -> Iterator[tuple[ScaleInfo, ScaleVector]]:
-        """Its one vector: branch ``out``, role ``output`` (the residual add reads it; no linear map absorbs it)."""
-        yield ScaleInfo(self.layer, self.site, "out", OUTPUT), self.scale
