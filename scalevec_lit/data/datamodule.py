@@ -17,51 +17,21 @@ gone, the run stops naming both folders.
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
-import time
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import lightning as L
 
 from ..errors import UserError
-from .inputs import MANIFEST
 from .integrity import VERIFY_MODES, check_prepared, fingerprint, relocate_state
 from .loaders import release, relocating_loader, same_batch_count_on_every_rank, stream, tokens_loader
 from .cache import TOKENIZER, cache_bytes, mirror, register
-from .prepare import DEFAULT_OUTPUT, META
+from .prepare import META
 from .remote import Remote, check_options, is_remote, join
 from .loader_workers import worker_args
 from .tokenizer import TEXT_SUFFIXES, Tokenizer, data_tokenizer, same_tokenizer
-
-
-def prepare_default_if_missing(data_dir: str, wait_s: float = 1800.0) -> bool:
-    """Prepare the embedded corpus when ``data_dir`` is its default location (``data/prepared/shakespeare``
-    under the working directory) and holds nothing yet; one line says so. Any other folder is left alone.
-    Under several processes the first local rank prepares and the others wait for its ``meta.json``."""
-    if "://" in data_dir:
-        return False
-    root = Path(data_dir)
-    if root.resolve() != (Path.cwd() / DEFAULT_OUTPUT).resolve() or (root / META).is_file():
-        return False
-    interrupted = root.is_dir() and (root / MANIFEST).is_file()  # prepare's own files, without meta.json
-    if root.exists() and (not root.is_dir() or any(root.iterdir())) and not interrupted:
-        return False  # something else is there: the usual checks say what
-    if os.environ.get("LOCAL_RANK", "0") != "0":
-        deadline = time.monotonic() + wait_s
-        while not (root / META).is_file() and time.monotonic() < deadline:
-            time.sleep(1.0)
-        return False
-    from .prepare import prepare
-
-    print(f"data.data_dir: {data_dir} is not prepared yet: preparing the embedded Shakespeare corpus there (once; "
-          f"`python -m scalevec_lit prepare` does the same)"
-          f"{'; an earlier prepare there was interrupted' if interrupted else ''}",
-          file=sys.stderr, flush=True)
-    prepare(output_dir=root, overwrite=interrupted)  # overwrite: removes only prepare's own files
-    return True
+from .first_run import prepare_default_if_missing
 
 
 class TokenDataModule(L.LightningDataModule):
