@@ -3,15 +3,17 @@
 ``Browser`` starts ``chromium-headless-shell`` (Debian's package, or ``chromium``) with its own profile in a
 temporary folder and a DevTools port of its own choosing, opens one page target and talks to it over a
 websocket (aiohttp's client): ``goto`` loads a URL and waits for the load event, ``js`` evaluates an expression
-in the page and returns its value, ``wait_for`` polls an expression until it is truthy. The process and its
-profile are removed on ``close`` (a context manager).
+in the page and returns its value, ``wait_for`` polls an expression until it is truthy. The browser runs in a
+session of its own; ``close`` (a context manager) stops its whole process group and removes its profile.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -23,6 +25,18 @@ import aiohttp
 CANDIDATES = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
 INSTALL_HINT = ("no headless Chromium on PATH: `make test` installs Debian's chromium-headless-shell as root "
                 "(apt-get install chromium-headless-shell); see docs/development.md")
+
+
+def group_alive(pgid: int) -> bool:
+    """True while a process of group ``pgid`` other than a zombie is left."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def find_chromium() -> str | None:
@@ -39,7 +53,10 @@ class Browser:
         self.proc = subprocess.Popen(
             [exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
              f"--user-data-dir={self.profile}", "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
-             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        # Debian's chromium-headless-shell is a shell script that runs the browser as its child: the browser and
+        # its helpers are stopped as the session's process group, never through the script's pid alone
+        self.group = self.proc.pid
         port_file = self.profile / "DevToolsActivePort"
         deadline = time.monotonic() + timeout
         while not (port_file.is_file() and port_file.read_text().strip()):
@@ -102,13 +119,18 @@ class Browser:
             self.loop.run_until_complete(self.session.close())
             self.loop.close()
             self.ws = None
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                os.killpg(self.group, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and group_alive(self.group):
+                self.proc.poll()  # reap the script
+                time.sleep(0.05)
+            if not group_alive(self.group):
+                break
+        self.proc.wait()
         shutil.rmtree(self.profile, ignore_errors=True)
 
     def __enter__(self) -> "Browser":

@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from browser import Browser
+from browser import Browser, group_alive
 from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -47,6 +47,7 @@ def served(site):
 def browser():
     with Browser() as b:
         yield b
+    assert not group_alive(b.group), "the browser left processes behind"
 
 
 def _nav_pages(nav) -> list[str]:
