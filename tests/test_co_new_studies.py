@@ -67,3 +67,23 @@ def test_new_studies_are_preregistered_in_the_compute_optimal_regime(name, kind,
         assert study.primary == "best_lr" and min(study.seeds) == 3 and len(study.seeds) >= 6
         assert all(v.lrs and len(v.lrs) == 1 for v in study.variants)
         assert study.power["mde"] == 0.02 and "n = the fewest seeds" in study.preregistration
+
+
+def test_j_is_sized_by_its_amended_rule_and_runs_at_study_is_best_lr():
+    """J's seeds follow from study H's observed paired std (0.0192) by the F-H rule (n = 19, committed before
+    any run of J), and both variants run at study I's best Muon LR, read from I's committed endpoints."""
+    import json
+
+    from scipy import stats
+
+    study = st.load_study(ROOT / "recipes" / "ablation" / "co_muon_claim3_cpu.yaml")
+    text = (ROOT / "recipes" / "ablation" / "co_muon_claim3_cpu.yaml").read_text()
+    assert "placeholder" not in text.split("preregistration:")[0].lower()
+    assert study.power["pilot_sd"] == round(1.5 * 0.0192, 4)
+    n = next(n for n in range(2, 1000) if (stats.t.ppf(0.975, n - 1) + stats.t.ppf(0.8, n - 1))
+             * study.power["pilot_sd"] / n ** 0.5 <= study.power["mde"])
+    assert min(max(n, 6), 24) == 19 and study.seeds == list(range(3, 22))
+    runs = json.loads((ROOT / "results" / "co_muon_lr_cpu" / "endpoints.json").read_text())["runs"]
+    for v in study.variants:
+        mine = [r for r in runs if r["variant"] == v.name]
+        assert len(mine) == 3 and v.lrs == [min(mine, key=lambda r: r["endpoint"])["lr"]]
