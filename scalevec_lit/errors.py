@@ -235,6 +235,7 @@ def run_guarded(fn: Callable[[list[str]], Any], argv: list[str]) -> Any:
     command = next((a for a in argv if not a.startswith("-")), None)
     nested = stopsignal.enter_command()  # e.g. `python -m scalevec_lit export` calls export's main through here
     previous = {} if nested else stopsignal.install(command)
+    debug_before = os.environ.get(DEBUG_ENV)  # --debug holds for this command (and what it starts), not after it
     try:
         if debug:
             os.environ[DEBUG_ENV] = "1"
@@ -271,5 +272,9 @@ def run_guarded(fn: Callable[[list[str]], Any], argv: list[str]) -> Any:
             raise
         raise fail(err) from None
     finally:
+        if debug_before is None:
+            os.environ.pop(DEBUG_ENV, None)
+        else:
+            os.environ[DEBUG_ENV] = debug_before
         stopsignal.leave_command()
         stopsignal.restore(previous)

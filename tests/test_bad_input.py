@@ -8,6 +8,7 @@ and stderr end to end. The cases of ``prepare`` are in ``test_bad_prepare.py``.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -286,6 +287,18 @@ def test_debug_shows_the_exception(world, monkeypatch, how):
     args = fit(world, f"--data.data_dir={world.path / 'nowhere'}") + (["--debug"] if how == "--debug" else [])
     with pytest.raises(FileNotFoundError, match="data.data_dir"):
         main(args)
+
+
+def test_debug_holds_for_its_command_only(world, monkeypatch, capfd):
+    """``--debug`` given to one in-process command leaves the next one's errors as one line: SCALEVEC_DEBUG is
+    set for that command only, not for the rest of the process."""
+    from scalevec_lit.cli import main
+
+    monkeypatch.delenv("SCALEVEC_DEBUG", raising=False)
+    with pytest.raises(FileNotFoundError, match="data.data_dir"):
+        main(fit(world, f"--data.data_dir={world.path / 'nowhere'}", "--debug"))
+    assert "SCALEVEC_DEBUG" not in os.environ
+    check(world, capfd, fit(world, f"--data.data_dir={world.path / 'nowhere'}"), 2, "data.data_dir")
 
 
 # -- values a run would not use as given: refused, or used and reported in one line -----------------------
