@@ -73,15 +73,13 @@ def config_for(src: Path, out: Path) -> Path:
     return path
 
 
-def build(out: Path, src: Path = STAGE, edit=None, quiet: bool = False) -> subprocess.CompletedProcess:
+def build(out: Path, src: Path = STAGE, edit=None) -> subprocess.CompletedProcess:
     """Stage the pages into ``src`` (then ``edit(src)``, if given) and run ``mkdocs build --strict`` into
     ``out``; the completed process, its output captured."""
     stage(src)
     if edit is not None:
         edit(src)
     cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean", "-f", str(config_for(src, out))]
-    if quiet:
-        cmd.append("--quiet")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # Material's notice about its successor, not about our pages
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
 
