@@ -160,12 +160,13 @@ def _train(model: Transformer, steps: int, data_dir: Path) -> None:
         opt.step()
 
 
-@pytest.mark.slow  # a Lightning fit per preset (~4.5 CPU-seconds each)
+@pytest.mark.slow  # 50 AdamW steps per preset (~1 CPU-second each)
 @pytest.mark.parametrize("preset", PRESETS)
 def test_fold_is_exact_after_training(preset, prepared_data):
     strategy = strategy_of(preset)
     model = Transformer(tiny_config(), strategy)
-    _train(model, 200, prepared_data)
+    # 50 steps at 1e-2 move every preset's γ by 0.22 to 0.40 from its mean (measured), four times the bar below
+    _train(model, 50, prepared_data)
     # Training ran in float32 (its trajectory differs across CPU kinds and thread counts, which is fine);
     # the fold is then checked in float64, where "exact" means reduction-order rounding (~1e-15).
     model.double().eval()
