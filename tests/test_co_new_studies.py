@@ -87,3 +87,20 @@ def test_j_is_sized_by_its_amended_rule_and_runs_at_study_is_best_lr():
     for v in study.variants:
         mine = [r for r in runs if r["variant"] == v.name]
         assert len(mine) == 3 and v.lrs == [min(mine, key=lambda r: r["endpoint"])["lr"]]
+
+
+def test_a_study_stopped_by_its_clock_cap_reports_the_seeds_that_ran(tmp_path):
+    """Study J's records (10 of its 19 seeds complete when its clock cap stopped it): its report's power line
+    counts the complete seeds and so says the study is underpowered, where it used to print the design's 19
+    as 'enough'."""
+    import shutil
+
+    from scalevec_lit.study.report import write_report
+    from scalevec_lit.study.secondary import power_line
+
+    shutil.copytree(ROOT / "results" / "co_muon_claim3_cpu" / "runs", tmp_path / "runs")
+    text = write_report(tmp_path).read_text()
+    assert "needs 19 seeds; the study has 19, 10 of them complete: NOT enough" in text
+    study = st.load_study(ROOT / "recipes" / "ablation" / "co_muon_claim3_cpu.yaml")
+    assert power_line(study).endswith("needs 19 seeds; the study has 19: enough.")  # the design, before any run
+    assert power_line(study, complete=19).endswith("the study has 19: enough.")

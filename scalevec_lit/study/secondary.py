@@ -48,13 +48,19 @@ def seeds_needed(sd: float, mde: float, alpha: float = 0.05, level: float = 0.8,
     return n if n <= most else None
 
 
-def power_line(study, seeds: Optional[int] = None) -> Optional[str]:
-    """One line: the pre-registered MDE, the seeds it needs at the pilot std, and the seeds the study has."""
+def power_line(study, seeds: Optional[int] = None, complete: Optional[int] = None) -> Optional[str]:
+    """One line: the pre-registered MDE, the seeds it needs at the pilot std, and the seeds the study has.
+    ``complete``: the seeds whose compared runs have all finished (a report's count); when fewer than the
+    design's, the verdict is on them (a study stopped by a clock cap, or still running)."""
     p = getattr(study, "power", None)
     if not p:
         return None
     on = "the primary endpoint" if p["endpoint"] == "primary" else f"`{p['endpoint']}`"
     n_have = seeds if seeds is not None else len(study.seeds)
+    if complete is not None and complete < n_have:
+        n_have, has = complete, f"{n_have}, {complete} of them complete"
+    else:
+        has = f"{n_have}"
     if p["pilot_sd"] is None:
         return (f"Pre-registered minimum detectable effect on {on}: {p['mde']:g} at {p['level']:.0%} power "
                 f"(no pilot std given: the seeds are not sized; {n_have} seeds).")
@@ -63,7 +69,7 @@ def power_line(study, seeds: Optional[int] = None) -> Optional[str]:
     verdict = ("enough" if need is not None and n_have >= need else "NOT enough: the study is underpowered for it")
     return (f"Pre-registered minimum detectable effect on {on}: {p['mde']:g} at {p['level']:.0%} power, paired "
             f"t-test at {study.alpha:g}, pilot paired std {p['pilot_sd']:g}{src}: needs "
-            f"{need if need is not None else '> 1000'} seeds; the study has {n_have}: {verdict}.")
+            f"{need if need is not None else '> 1000'} seeds; the study has {has}: {verdict}.")
 
 
 def endpoints_of(root: Path, study) -> dict:
@@ -92,7 +98,10 @@ def report_section(study, runs: dict, best_lr_of) -> list[str]:
     if not specs and not getattr(study, "power", None):
         return lines
     lines += ["## Secondary endpoints (pre-registered)", ""]
-    pl = power_line(study)
+    variants = {r.variant for r in runs}
+    complete = sum(all(any(r.variant == v and r.seed == seed and r.lr == best_lr_of(v) for r in runs)
+                       for v in variants) for seed in study.seeds) if variants else 0
+    pl = power_line(study, complete=complete)
     if pl:
         lines += [pl, ""]
     for s in specs:
