@@ -23,6 +23,14 @@ def test_regime_line_numbers_and_format():
         "Regime: 20.6 tokens per parameter (60.3 per non-embedding parameter), 0.47 epochs over the training text")
     assert regime.regime_line(250_000_000, 1_000_000, 10_000_000, 500_000) == (
         "Regime: 250 tokens per parameter (500 per non-embedding parameter), 25.0 epochs over the training text")
+    # the MoE model of the 0.3M class (studies K, L): 521,136 parameters, 299,952 active per token, 196,608 in
+    # the embedding and head (active for every token): 11.8 and 18.9 per total, 20.5 and 59.5 per active parameter
+    assert regime.regime_line(6_144_000, 521_136, 13_185_353, 521_136 - 196_608, 299_952) == (
+        "Regime: 11.8 tokens per parameter (18.9 per non-embedding parameter); 20.5 per active parameter (59.5 per "
+        "active non-embedding parameter), 0.47 epochs over the training text")
+    # a dense model's active count is its total: the line is the dense one
+    assert regime.regime_line(6_144_000, 298_416, 13_185_353, 101_808, 298_416) == \
+        regime.regime_line(6_144_000, 298_416, 13_185_353, 101_808)
     assert regime.regime_line(409_600, None, None) == (
         "Regime: n/a tokens per parameter (n/a per non-embedding parameter), n/a epochs over the training text")
 
@@ -43,6 +51,15 @@ def _log(total: int, embedding: int, head: int = 0) -> str:
     head_row = f"head       AdamW      1        {head:,}   0.003  0.1\n" if head else ""
     return ("=== start\n" + GROUPS.format(matrix=f"{total - embedding - head - 528:,}", embedding=f"{embedding:,}",
                                         head=head_row) + f"Transformer: parameters: {total:,} total, 528 in scale vectors\n")
+
+
+def test_active_parameters_read_from_an_moe_run(tmp_path):
+    (tmp_path / "log.txt").write_text("=== start\nTransformer: parameters: 1,000 total, 600 active per token, 12 in "
+                                      "scale vectors\n=== resume\nTransformer: parameters: 521,136 total, 299,952 "
+                                      "active per token, 432 in scale vectors (0.0829%)\n")
+    assert regime.active_params_from_log(tmp_path) == 299_952  # the last attempt's
+    (tmp_path / "log.txt").write_text(_log(298_416, 98_304, 98_304))  # a dense run prints no active count
+    assert regime.active_params_from_log(tmp_path) is None and regime.active_params_from_log(tmp_path / "x") is None
 
 
 def test_embedding_and_head_read_from_the_optimizer_groups(tmp_path):

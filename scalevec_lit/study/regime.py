@@ -2,7 +2,8 @@
 E epochs over the training text``.
 
 - N = tokens trained per run / the model's parameters (all of them, embeddings included; for an MoE model the
-  total, not the active count);
+  total, and then also per active parameter: the line adds ``A per active parameter (B per active
+  non-embedding parameter)``, from the ``N active per token`` that ``fit`` prints for an MoE model);
 - M = tokens trained per run / the parameters outside the token embedding and the output head (the total less
   the ``embedding`` and ``head`` rows of the optimizer's parameter groups that ``fit`` prints; a tied head is
   the embedding's tensor, counted once): the count scaling laws use (Kaplan et al. 2020), and at small sizes far
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 PARAMS_RE = re.compile(r"parameters: ([\d,]+) total")
+ACTIVE_RE = re.compile(r"parameters: [\d,]+ total, ([\d,]+) active per token")
 GROUPS_HEADER = "optimizer parameter groups:"
 GROUP_ROW_RE = re.compile(r"^(embedding|head)\s+\S+\s+\d+\s+([\d,]+)\s")
 
@@ -36,13 +38,20 @@ def _num(x: float) -> str:
 
 
 def regime_line(tokens: Optional[float], params: Optional[int], train_tokens: Optional[int],
-                non_embedding: Optional[int] = None) -> str:
+                non_embedding: Optional[int] = None, active: Optional[int] = None) -> str:
     """``Regime: N tokens per parameter (M per non-embedding parameter), E epochs over the training text`` (``n/a``
-    for an unknown number)."""
+    for an unknown number); for an MoE model (``active`` below ``params``) also ``A per active parameter (B per
+    active non-embedding parameter)``, the embedding and head being active for every token."""
     n = _num(tokens / params) if tokens and params else "n/a"
     m = _num(tokens / non_embedding) if tokens and non_embedding else "n/a"
     e = _num(tokens / train_tokens) if tokens and train_tokens else "n/a"
-    return f"Regime: {n} tokens per parameter ({m} per non-embedding parameter), {e} epochs over the training text"
+    moe = ""
+    if tokens and params and active and active < params:
+        active_ne = active - (params - non_embedding) if non_embedding else None
+        b = _num(tokens / active_ne) if active_ne and active_ne > 0 else "n/a"
+        moe = f"; {_num(tokens / active)} per active parameter ({b} per active non-embedding parameter)"
+    return (f"Regime: {n} tokens per parameter ({m} per non-embedding parameter){moe}, {e} epochs over the "
+            "training text")
 
 
 def params_from_log(root: Path) -> Optional[int]:
@@ -52,6 +61,16 @@ def params_from_log(root: Path) -> Optional[int]:
     except OSError:
         return None
     found = PARAMS_RE.findall(text)
+    return int(found[-1].replace(",", "")) if found else None
+
+
+def active_params_from_log(root: Path) -> Optional[int]:
+    """The parameters active per token that the run's last attempt printed (an MoE model; ``None`` otherwise)."""
+    try:
+        text = (Path(root) / "log.txt").read_text(errors="replace")
+    except OSError:
+        return None
+    found = ACTIVE_RE.findall(text)
     return int(found[-1].replace(",", "")) if found else None
 
 
@@ -111,6 +130,8 @@ def study_regime(runs: dict, reference: str, data_dir: Optional[str]) -> dict:
                 v = params_from_log(d["root"])
             if v is None and key == "embedding_params" and d.get("root"):
                 v = embedding_params_from_log(d["root"])
+            if v is None and key == "active_params" and d.get("root"):
+                v = active_params_from_log(d["root"])
             if v is None and key == "trained_tokens":
                 v = d.get("train_tokens")  # runs made before trained_tokens was recorded: the last logged count
             if v:
@@ -125,11 +146,13 @@ def study_regime(runs: dict, reference: str, data_dir: Optional[str]) -> dict:
     t = max(set(tokens), key=tokens.count) if tokens else None
     emb = max(set(embedding), key=embedding.count) if embedding else None
     non_embedding = p - emb if p and emb and p > emb else None
+    actives = of("active_params", reference) or of("active_params", None)
+    active = max(set(actives), key=actives.count) if actives else None
     train = data_train_tokens(data_dir)
     return {"params": p, "params_range": (min(all_params), max(all_params)) if all_params else None,
             "embedding_params": emb, "non_embedding_params": non_embedding,
             "tokens": t, "tokens_range": sorted(set(of("trained_tokens", None))), "train_tokens": train,
-            "data_dir": data_dir, "line": regime_line(t, p, train, non_embedding)}
+            "data_dir": data_dir, "active_params": active, "line": regime_line(t, p, train, non_embedding, active)}
 
 
 def regime_detail(r: dict, reference: str) -> str:
@@ -138,6 +161,8 @@ def regime_detail(r: dict, reference: str) -> str:
     if r.get("non_embedding_params"):
         params += (f", {r['non_embedding_params']:,} of them outside the embedding and head ({r['embedding_params']:,}"
                    " in the embedding and untied head, from fit's table of optimizer parameter groups)")
+    if r.get("active_params") and r["params"] and r["active_params"] < r["params"]:
+        params += f"; {r['active_params']:,} active per token (fit's count: the router's top-k of the experts)"
     if r["params_range"] and r["params_range"][0] != r["params_range"][1]:
         params += f" (variants: {r['params_range'][0]:,}–{r['params_range'][1]:,})"
     tokens = (f"{r['tokens']:,} tokens trained per run (steps × global batch × sequence length)" if r["tokens"]
