@@ -104,3 +104,26 @@ def test_a_study_stopped_by_its_clock_cap_reports_the_seeds_that_ran(tmp_path):
     study = st.load_study(ROOT / "recipes" / "ablation" / "co_muon_claim3_cpu.yaml")
     assert power_line(study).endswith("needs 19 seeds; the study has 19: enough.")  # the design, before any run
     assert power_line(study, complete=19).endswith("the study has 19: enough.")
+
+
+def test_l_is_sized_from_k_and_runs_at_k_s_best_lrs():
+    """L's pilot std is 1.5 x study K's observed paired std (both variants at their best LR in K's committed
+    endpoints), its seeds follow from it by the F-H rule (39, capped at 24), and each variant runs at its K best."""
+    import json
+    import statistics
+
+    from scalevec_lit.study.secondary import seeds_needed
+
+    study = st.load_study(ROOT / "recipes" / "ablation" / "co_moe_claim3_cpu.yaml")
+    runs = json.loads((ROOT / "results" / "co_moe_lr_cpu" / "endpoints.json").read_text())["runs"]
+    mean = {}
+    for r in runs:
+        mean.setdefault((r["variant"], r["lr"]), []).append(r["endpoint"])
+    best = {v: min((lr for (name, lr) in mean if name == v), key=lambda lr: statistics.mean(mean[(v, lr)]))
+            for v in ("baseline", "unified")}
+    assert {v.name: v.lrs for v in study.variants} == {v: [lr] for v, lr in best.items()}
+    at = {(r["variant"], r["seed"]): r["endpoint"] for r in runs if r["lr"] == best[r["variant"]]}
+    diffs = [at[("unified", s)] - at[("baseline", s)] for s in (1, 2)]
+    assert study.power["pilot_sd"] == round(1.5 * statistics.stdev(diffs), 4)
+    assert seeds_needed(study.power["pilot_sd"], study.power["mde"]) == 39
+    assert study.seeds == list(range(3, 3 + 24))  # the rule's 39, capped at 24
