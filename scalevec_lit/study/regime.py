@@ -54,24 +54,24 @@ def regime_line(tokens: Optional[float], params: Optional[int], train_tokens: Op
             "training text")
 
 
-def params_from_log(root: Path) -> Optional[int]:
-    """The parameter count the run's last attempt printed at its start (``None`` when its log has none)."""
+def _last_count(root: Path, pattern: re.Pattern) -> Optional[int]:
+    """The number ``pattern`` finds last in the run's ``log.txt`` (its last attempt's; ``None`` when none)."""
     try:
         text = (Path(root) / "log.txt").read_text(errors="replace")
     except OSError:
         return None
-    found = PARAMS_RE.findall(text)
+    found = pattern.findall(text)
     return int(found[-1].replace(",", "")) if found else None
+
+
+def params_from_log(root: Path) -> Optional[int]:
+    """The parameter count the run's last attempt printed at its start (``None`` when its log has none)."""
+    return _last_count(root, PARAMS_RE)
 
 
 def active_params_from_log(root: Path) -> Optional[int]:
     """The parameters active per token that the run's last attempt printed (an MoE model; ``None`` otherwise)."""
-    try:
-        text = (Path(root) / "log.txt").read_text(errors="replace")
-    except OSError:
-        return None
-    found = ACTIVE_RE.findall(text)
-    return int(found[-1].replace(",", "")) if found else None
+    return _last_count(root, ACTIVE_RE)
 
 
 def embedding_params_from_log(root: Path) -> Optional[int]:
