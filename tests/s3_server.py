@@ -34,12 +34,32 @@ class S3Server:
     """``moto_server -H 127.0.0.1 -p PORT``; ``env`` holds the endpoint and the valid credentials."""
 
     def __init__(self, port: Optional[int] = None) -> None:
+        self._own_port = port is None  # chosen here: another may be chosen if this one is taken (see start)
         self.port = port or free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc: Optional[subprocess.Popen] = None
         self.key_id = self.secret = ""
 
-    def start(self, timeout: float = 30.0) -> "S3Server":
+    def start(self, timeout: float = 30.0, attempts: int = 3) -> "S3Server":
+        """Start the server and make its user. A free port is free only until someone binds it: another test's
+        listener (another xdist worker's) can take it first, so that the server cannot bind it while the
+        readiness check connects to that other listener, and the first request then fails (seen once in CI:
+        'Connection refused' at ``create_user``). With a port chosen here, such a start is retried on a new
+        port; after ``attempts`` failures, or on a given port, the error is raised."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._launch(timeout)
+                self._make_user()
+                return self
+            except Exception:
+                self.stop()
+                if not self._own_port or attempt == attempts:
+                    raise
+                self.port = free_port()
+                self.endpoint = f"http://127.0.0.1:{self.port}"
+        raise AssertionError("unreachable")
+
+    def _launch(self, timeout: float) -> None:
         env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(_SETUP_REQUESTS)}
         self.proc = subprocess.Popen([_executable(), "-H", "127.0.0.1", "-p", str(self.port)], env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -52,14 +72,16 @@ class S3Server:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"moto_server did not start on port {self.port}")
                 time.sleep(0.1)
-        self._make_user()
-        return self
 
     def _make_user(self) -> None:
         import boto3
 
+        from botocore.config import Config
+
+        # bounded: a listener that is not this server (see start) may accept and never answer
         iam = boto3.client("iam", endpoint_url=self.endpoint, aws_access_key_id="setup",
-                           aws_secret_access_key="setup", region_name="us-east-1")
+                           aws_secret_access_key="setup", region_name="us-east-1",
+                           config=Config(connect_timeout=5, read_timeout=15, retries={"max_attempts": 2}))
         iam.create_user(UserName="tests")
         key = iam.create_access_key(UserName="tests")["AccessKey"]
         policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
