@@ -46,7 +46,8 @@ class S3Server:
         readiness check connects to that other listener, and the first request then fails (seen once in CI:
         'Connection refused' at ``create_user``). With a port chosen here, such a start is retried on a new
         port; after ``attempts`` failures, or on a given port, the error is raised."""
-        for attempt in range(1, attempts + 1):
+        attempt = 1
+        while True:
             try:
                 self._launch(timeout)
                 self._make_user()
@@ -55,9 +56,9 @@ class S3Server:
                 self.stop()
                 if not self._own_port or attempt == attempts:
                     raise
+                attempt += 1
                 self.port = free_port()
                 self.endpoint = f"http://127.0.0.1:{self.port}"
-        raise AssertionError("unreachable")
 
     def _launch(self, timeout: float) -> None:
         env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(_SETUP_REQUESTS)}

@@ -98,9 +98,9 @@ def report_section(study, runs: dict, best_lr_of) -> list[str]:
     if not specs and not getattr(study, "power", None):
         return lines
     lines += ["## Secondary endpoints (pre-registered)", ""]
-    variants = {r.variant for r in runs}
-    complete = sum(all(any(r.variant == v and r.seed == seed and r.lr == best_lr_of(v) for r in runs)
-                       for v in variants) for seed in study.seeds) if variants else 0
+    compared = {(r.variant, r.seed) for r in runs if r.lr == best_lr_of(r.variant)}
+    variants = {v for v, _ in compared}
+    complete = sum(bool(variants) and all((v, seed) in compared for v in variants) for seed in study.seeds)
     pl = power_line(study, complete=complete)
     if pl:
         lines += [pl, ""]
